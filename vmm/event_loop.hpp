@@ -1,0 +1,65 @@
+// The VMM's single I/O thread: an io_uring that carries both readiness (eventfds from
+// ioeventfd, stdin) and the device I/O itself (virtio-blk reads and writes).
+//
+// Everything here runs on the thread that calls run(); only stop() may be called from
+// another thread. Buffers and iovecs handed to read/write must stay valid until the
+// completion callback runs.
+#pragma once
+
+#include <liburing.h>
+#include <sys/uio.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <unordered_map>
+
+#include "vmm/fd.hpp"
+
+namespace agentvm {
+
+class EventLoop {
+public:
+    // res is the io_uring result: bytes transferred, or -errno.
+    using Completion = std::function<void(int32_t res)>;
+
+    explicit EventLoop(unsigned entries = 256);
+    ~EventLoop();
+    EventLoop(const EventLoop&) = delete;
+    EventLoop& operator=(const EventLoop&) = delete;
+
+    // Calls on_readable every time fd polls readable, until unwatch(fd) or the loop ends.
+    // The callback must consume the readiness (e.g. read the eventfd) or it fires again.
+    void watch_readable(int fd, std::function<void()> on_readable);
+    void unwatch(int fd);
+
+    void readv(int fd, const iovec* iov, unsigned count, uint64_t offset, Completion done);
+    void writev(int fd, const iovec* iov, unsigned count, uint64_t offset, Completion done);
+    void fsync(int fd, Completion done);
+
+    // Runs until stop(); rethrows the first exception a callback threw.
+    void run();
+    // Thread-safe and async-signal-safe.
+    void stop();
+
+    // Operations submitted whose completion has not run yet (watches not counted).
+    size_t in_flight() const { return in_flight_; }
+    // Runs completions until in_flight() is 0: quiesces device I/O (e.g. before a snapshot).
+    void drain();
+
+private:
+    struct Op;
+    io_uring_sqe* get_sqe();
+    void arm_poll(int fd);
+    void dispatch(io_uring_cqe* cqe);
+    void wait_and_dispatch(bool block);
+
+    io_uring ring_{};
+    Fd stop_fd_;
+    bool stopping_ = false;
+    size_t in_flight_ = 0;
+    std::unordered_map<int, std::function<void()>> watches_;
+};
+
+} // namespace agentvm
