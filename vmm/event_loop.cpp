@@ -1,0 +1,268 @@
+#include "vmm/event_loop.hpp"
+
+#include <poll.h>
+#include <sys/eventfd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <utility>
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include "vmm/error.hpp"
+
+namespace agentvm {
+
+namespace {
+
+// user_data of a poll cancellation is its target Op's address with this bit set (Ops are
+// at least 8-byte aligned), so both CQEs find the same Op.
+constexpr uint64_t cancel_tag = 1;
+
+} // namespace
+
+// Every SQE that carries user_data points at one of these, allocated when the SQE is
+// prepared and freed when its last CQE has been reaped.
+struct EventLoop::Op {
+    enum class Kind { io, poll };
+    Kind kind = Kind::io;
+    Completion done;         // io
+    int fd = -1;             // poll: the watched fd
+    bool cancelled = false;  // poll: unwatched; its completion is ignored
+    // CQEs still to come that name this Op: 1, or 2 for a poll being cancelled. The Op
+    // outlives the cancel's CQE so its address cannot be reused by a new Op that the
+    // cancellation would then hit.
+    unsigned refs = 1;
+};
+
+struct EventLoop::Watch {
+    std::function<void()> on_readable;
+    Op* poll = nullptr;  // the armed poll; null only while its completion is dispatched
+};
+
+EventLoop::EventLoop(unsigned entries)
+{
+    stop_fd_ = Fd(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+    if (!stop_fd_)
+        throw_errno("eventfd for the event loop");
+    const int ret = io_uring_queue_init(entries, &ring_, 0);
+    if (ret < 0)
+        throw_errno(fmt::format("io_uring_queue_init({} entries)", entries), -ret);
+    try {
+        watch_readable(stop_fd_.get(), [this] {
+            uint64_t count = 0;
+            // Nonblocking, and a spurious wake-up leaves nothing to read: the result is moot.
+            [[maybe_unused]] ssize_t n = ::read(stop_fd_.get(), &count, sizeof count);
+            stopping_ = true;
+        });
+    } catch (...) {
+        io_uring_queue_exit(&ring_);
+        throw;
+    }
+}
+
+EventLoop::~EventLoop()
+{
+    try {
+        for (auto& [fd, watch] : watches_)
+            if (watch->poll)
+                cancel_poll(*watch->poll);
+    } catch (const std::exception& e) {
+        // Not reached in practice (get_sqe only fails if submit does); the polls then stay
+        // armed and are torn down with the ring.
+        spdlog::error("event loop: cancelling watches: {}", e.what());
+    }
+    watches_.clear();
+
+    // The kernel may still be reading into or writing from the callers' buffers: wait for
+    // every outstanding CQE. Completions do not run any more; their owners are going away.
+    while (cqes_pending_ > 0) {
+        const int ret = io_uring_submit_and_wait(&ring_, 1);
+        if (ret < 0 && ret != -EINTR) {
+            spdlog::error("event loop: waiting for {} completions at exit: {}", cqes_pending_,
+                          std::strerror(-ret));
+            break;
+        }
+        io_uring_cqe* cqe = nullptr;
+        while (io_uring_peek_cqe(&ring_, &cqe) == 0) {
+            const uint64_t user_data = io_uring_cqe_get_data64(cqe);
+            io_uring_cqe_seen(&ring_, cqe);
+            --cqes_pending_;
+            auto* op = reinterpret_cast<Op*>(user_data & ~cancel_tag);
+            if (--op->refs == 0)
+                delete op;
+        }
+    }
+    io_uring_queue_exit(&ring_);
+}
+
+void EventLoop::watch_readable(int fd, std::function<void()> on_readable)
+{
+    if (watches_.contains(fd))
+        throw Error(fmt::format("event loop: fd {} is already watched", fd));
+    auto watch = std::make_shared<Watch>();
+    watch->on_readable = std::move(on_readable);
+    arm_poll(*watch, fd);
+    watches_.emplace(fd, std::move(watch));
+}
+
+void EventLoop::unwatch(int fd)
+{
+    const auto it = watches_.find(fd);
+    if (it == watches_.end())
+        return;
+    if (it->second->poll)
+        cancel_poll(*it->second->poll);
+    watches_.erase(it);
+}
+
+template <typename Prep>
+void EventLoop::submit_io(Completion done, Prep prep)
+{
+    auto op = std::make_unique<Op>();
+    op->done = std::move(done);
+    io_uring_sqe* sqe = get_sqe();
+    prep(sqe);
+    io_uring_sqe_set_data(sqe, op.release());
+    ++in_flight_;
+    ++cqes_pending_;
+}
+
+void EventLoop::readv(int fd, const iovec* iov, unsigned count, uint64_t offset, Completion done)
+{
+    submit_io(std::move(done),
+              [&](io_uring_sqe* sqe) { io_uring_prep_readv(sqe, fd, iov, count, offset); });
+}
+
+void EventLoop::writev(int fd, const iovec* iov, unsigned count, uint64_t offset, Completion done)
+{
+    submit_io(std::move(done),
+              [&](io_uring_sqe* sqe) { io_uring_prep_writev(sqe, fd, iov, count, offset); });
+}
+
+void EventLoop::fsync(int fd, Completion done)
+{
+    submit_io(std::move(done), [&](io_uring_sqe* sqe) { io_uring_prep_fsync(sqe, fd, 0); });
+}
+
+void EventLoop::run()
+{
+    try {
+        while (!stopping_)
+            wait_and_dispatch();
+    } catch (...) {
+        stopping_ = false;
+        throw;
+    }
+    stopping_ = false;
+}
+
+void EventLoop::stop()
+{
+    const uint64_t one = 1;
+    // write(2) on an eventfd is async-signal-safe; it fails only if the counter would
+    // overflow, and then a stop is pending anyway.
+    [[maybe_unused]] ssize_t n = ::write(stop_fd_.get(), &one, sizeof one);
+}
+
+void EventLoop::drain()
+{
+    while (in_flight_ > 0)
+        wait_and_dispatch();
+}
+
+io_uring_sqe* EventLoop::get_sqe()
+{
+    if (io_uring_sqe* sqe = io_uring_get_sqe(&ring_))
+        return sqe;
+    // SQEs are normally handed over in the wait call; a full ring is handed over now.
+    const int ret = io_uring_submit(&ring_);
+    if (ret < 0)
+        throw_errno("io_uring_submit with a full submission queue", -ret);
+    if (io_uring_sqe* sqe = io_uring_get_sqe(&ring_))
+        return sqe;
+    throw Error("io_uring submission queue still full after io_uring_submit");
+}
+
+void EventLoop::arm_poll(Watch& watch, int fd)
+{
+    auto op = std::make_unique<Op>();
+    op->kind = Op::Kind::poll;
+    op->fd = fd;
+    io_uring_sqe* sqe = get_sqe();
+    // One-shot, re-armed after each completion: portable to kernels without multishot
+    // poll, and a callback never races a second completion for the same readiness.
+    io_uring_prep_poll_add(sqe, fd, POLLIN);
+    io_uring_sqe_set_data(sqe, op.get());
+    watch.poll = op.release();
+    ++cqes_pending_;
+}
+
+void EventLoop::cancel_poll(Op& poll)
+{
+    io_uring_sqe* sqe = get_sqe();
+    io_uring_prep_cancel64(sqe, reinterpret_cast<uint64_t>(&poll), 0);
+    io_uring_sqe_set_data64(sqe, reinterpret_cast<uint64_t>(&poll) | cancel_tag);
+    poll.cancelled = true;
+    ++poll.refs;
+    ++cqes_pending_;
+}
+
+void EventLoop::wait_and_dispatch()
+{
+    const int ret = io_uring_submit_and_wait(&ring_, 1);
+    if (ret < 0 && ret != -EINTR)
+        throw_errno("io_uring_submit_and_wait", -ret);
+    io_uring_cqe* cqe = nullptr;
+    while (io_uring_peek_cqe(&ring_, &cqe) == 0) {
+        // Consume the CQE before running its callback, so one that throws leaves the
+        // ring consistent for the next run() or drain().
+        const uint64_t user_data = io_uring_cqe_get_data64(cqe);
+        const int32_t res = cqe->res;
+        io_uring_cqe_seen(&ring_, cqe);
+        dispatch(user_data, res);
+    }
+}
+
+void EventLoop::dispatch(uint64_t user_data, int32_t res)
+{
+    --cqes_pending_;
+    auto* op = reinterpret_cast<Op*>(user_data & ~cancel_tag);
+    // A cancellation's own result (done, or already completed) needs no action.
+    if ((user_data & cancel_tag) || op->cancelled) {
+        if (--op->refs == 0)
+            delete op;
+        return;
+    }
+    if (op->kind == Op::Kind::poll) {
+        on_poll(op, res);
+        return;
+    }
+    const std::unique_ptr<Op> owned(op);
+    --in_flight_;
+    owned->done(res);
+}
+
+void EventLoop::on_poll(Op* poll, int32_t res)
+{
+    const int fd = poll->fd;
+    delete poll;
+    // A poll that is not cancelled belongs to a live watch (unwatch cancels first).
+    const auto it = watches_.find(fd);
+    const std::shared_ptr<Watch> watch = it->second;
+    watch->poll = nullptr;
+    if (res < 0 || (res & POLLNVAL)) {
+        // Re-arming would fail the same way, in a busy loop.
+        spdlog::warn("event loop: polling fd {} failed ({}); no longer watching it", fd,
+                     res < 0 ? std::strerror(-res) : "not an open fd");
+        watches_.erase(it);
+        return;
+    }
+    // Re-arm before the callback so a callback that throws leaves the watch working. The
+    // SQE goes to the kernel only at the next wait, after the callback consumed the event.
+    arm_poll(*watch, fd);
+    watch->on_readable();
+}
+
+} // namespace agentvm

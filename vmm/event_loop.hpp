@@ -50,16 +50,25 @@ public:
 
 private:
     struct Op;
+    struct Watch;
     io_uring_sqe* get_sqe();
-    void arm_poll(int fd);
-    void dispatch(io_uring_cqe* cqe);
-    void wait_and_dispatch(bool block);
+    void arm_poll(Watch& watch, int fd);
+    void cancel_poll(Op& poll);
+    template <typename Prep>
+    void submit_io(Completion done, Prep prep);
+    void wait_and_dispatch();
+    void dispatch(uint64_t user_data, int32_t res);
+    void on_poll(Op* poll, int32_t res);
 
     io_uring ring_{};
     Fd stop_fd_;
-    bool stopping_ = false;
+    bool stopping_ = false;  // a stop() was seen; run() returns and clears it
     size_t in_flight_ = 0;
-    std::unordered_map<int, std::function<void()>> watches_;
+    // CQEs still to come for heap Ops (I/O, polls, poll cancellations): the destructor
+    // reaps them all before freeing the Ops and the ring.
+    size_t cqes_pending_ = 0;
+    // shared_ptr: a callback may unwatch its own fd, and must not destroy itself mid-call.
+    std::unordered_map<int, std::shared_ptr<Watch>> watches_;
 };
 
 } // namespace agentvm

@@ -1,0 +1,279 @@
+#include "vmm/vm.hpp"
+
+#include <pthread.h>
+#include <sys/eventfd.h>
+#include <sys/ioctl.h>
+#include <unistd.h>
+
+#include <csignal>
+#include <linux/virtio_mmio.h>
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include "devices/cow_disk.hpp"
+#include "devices/serial.hpp"
+#include "devices/virtio_blk.hpp"
+#include "devices/virtio_mmio.hpp"
+#include "vmm/boot.hpp"
+#include "vmm/cpuid.hpp"
+#include "vmm/error.hpp"
+#include "vmm/layout.hpp"
+#include "vmm/mptable.hpp"
+
+namespace agentvm {
+namespace {
+
+// KVM_SET_TSS_ADDR: three pages Intel VMX needs for real-mode emulation, placed just below
+// the IOAPIC/LAPIC window where no RAM or device lives.
+constexpr uint64_t tss_address = 0xfffbd000;
+
+// The signal that kicks a vCPU thread out of KVM_RUN. Its handler does nothing: the point
+// is the EINTR.
+int kick_signal()
+{
+    return SIGRTMIN;
+}
+
+void install_kick_handler()
+{
+    static std::once_flag once;
+    std::call_once(once, [] {
+        struct sigaction sa {};
+        sa.sa_handler = [](int) {};
+        sigemptyset(&sa.sa_mask);
+        sa.sa_flags = 0;  // no SA_RESTART: KVM_RUN must return EINTR
+        if (::sigaction(kick_signal(), &sa, nullptr) != 0)
+            throw_errno("installing the vCPU kick signal handler");
+    });
+}
+
+void vm_ioctl(int fd, unsigned long request, const void* arg, const char* what)
+{
+    if (::ioctl(fd, request, arg) < 0)
+        throw_errno(what);
+}
+
+Fd make_eventfd(const char* what)
+{
+    Fd fd(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+    if (!fd)
+        throw_errno(what);
+    return fd;
+}
+
+} // namespace
+
+Vm::Vm(const Kvm& kvm, const VmConfig& config)
+    : kvm_(kvm), config_(config), vm_(kvm.create_vm()), mem_(config.mem_mib * layout::mib)
+{
+    install_kick_handler();
+    if (config.vcpus == 0 || config.vcpus > std::min<uint32_t>(kvm.max_vcpus(), 254))
+        throw Error(fmt::format("--cpus {} is out of range: this host's KVM allows 1 to {} vCPUs",
+                                config.vcpus, std::min<uint32_t>(kvm.max_vcpus(), 254)));
+
+    const auto kernel_image = read_kernel_file(config.kernel_path);
+    const uint64_t needed = minimum_ram_for(kernel_image);
+    if (config.mem_mib * layout::mib < needed)
+        throw Error(fmt::format("--mem {} MiB is too small for kernel '{}': it needs at least {} MiB",
+                                config.mem_mib, config.kernel_path,
+                                (needed + layout::mib - 1) / layout::mib));
+
+    create_irqchip();
+    map_memory();
+    add_serial(config.console_fd);
+    std::string device_params;
+    if (config.rootfs_path)
+        device_params = add_root_disk(*config.rootfs_path, config.overlay_dir);
+
+    const LoadedKernel kernel = load_kernel(mem_, kernel_image);
+    cmdline_ = guest_cmdline(config, device_params);
+    write_boot_data(mem_, kernel, cmdline_);
+    write_mptable(mem_, config.vcpus);
+    create_vcpus(kernel);
+}
+
+// run() joins every thread it starts before returning, so nothing runs by now.
+Vm::~Vm() = default;
+
+void Vm::create_irqchip()
+{
+    vm_ioctl(vm_.get(), KVM_SET_TSS_ADDR, reinterpret_cast<const void*>(tss_address),
+             "KVM_SET_TSS_ADDR");
+    vm_ioctl(vm_.get(), KVM_CREATE_IRQCHIP, nullptr, "KVM_CREATE_IRQCHIP");
+    kvm_pit_config pit{};
+    pit.flags = KVM_PIT_SPEAKER_DUMMY;  // port 0x61 reads without a speaker device
+    vm_ioctl(vm_.get(), KVM_CREATE_PIT2, &pit, "KVM_CREATE_PIT2");
+}
+
+void Vm::map_memory()
+{
+    uint32_t slot = 0;
+    for (const auto& r : mem_.regions()) {
+        kvm_userspace_memory_region region{};
+        region.slot = slot++;
+        region.guest_phys_addr = r.gpa;
+        region.memory_size = r.size;
+        region.userspace_addr = reinterpret_cast<uint64_t>(r.host);
+        vm_ioctl(vm_.get(), KVM_SET_USER_MEMORY_REGION, &region, "KVM_SET_USER_MEMORY_REGION");
+    }
+}
+
+void Vm::add_serial(int console_fd)
+{
+    const int vm_fd = vm_.get();
+    serial_ = std::make_unique<SerialDevice>(console_fd, [vm_fd](bool level) {
+        kvm_irq_level irq{};
+        irq.irq = layout::serial_irq;
+        irq.level = level ? 1 : 0;
+        if (::ioctl(vm_fd, KVM_IRQ_LINE, &irq) < 0)
+            SPDLOG_WARN("KVM_IRQ_LINE for the serial port failed: {}", strerror(errno));
+    });
+    pio_.insert(layout::com1_port, layout::com1_ports, *serial_);
+}
+
+std::string Vm::add_root_disk(const std::string& path, const std::string& overlay_dir)
+{
+    const uint64_t base = layout::virtio_mmio_base;
+    const uint32_t irq = layout::first_virtio_irq;
+
+    disk_ = std::make_unique<CowDisk>(path, overlay_dir);
+    blk_ = std::make_unique<VirtioBlk>(*disk_, loop_, "agentvm-root");
+
+    // Interrupts go through an irqfd and queue notifications through an ioeventfd, so neither
+    // costs a trip through this process's vCPU thread.
+    blk_irqfd_ = make_eventfd("eventfd for the disk interrupt");
+    kvm_irqfd irqfd{};
+    irqfd.fd = static_cast<uint32_t>(blk_irqfd_.get());
+    irqfd.gsi = irq;
+    vm_ioctl(vm_.get(), KVM_IRQFD, &irqfd, "KVM_IRQFD for the disk");
+
+    blk_notify_fd_ = make_eventfd("eventfd for disk queue notifications");
+    const int irq_fd = blk_irqfd_.get();
+    const int notify_fd = blk_notify_fd_.get();
+    blk_transport_ = std::make_unique<VirtioMmioTransport>(
+        mem_, *blk_,
+        [irq_fd] {
+            const uint64_t one = 1;
+            if (::write(irq_fd, &one, sizeof(one)) < 0)
+                SPDLOG_WARN("signalling the disk interrupt failed: {}", strerror(errno));
+        },
+        [notify_fd](uint16_t) {
+            // A notify that reached us instead of the ioeventfd: hand it to the I/O thread.
+            const uint64_t one = 1;
+            if (::write(notify_fd, &one, sizeof(one)) < 0)
+                SPDLOG_WARN("forwarding a disk notification failed: {}", strerror(errno));
+        });
+    mmio_.insert(base, layout::virtio_mmio_size, *blk_transport_);
+
+    kvm_ioeventfd ioevent{};
+    ioevent.addr = base + VIRTIO_MMIO_QUEUE_NOTIFY;
+    ioevent.len = 4;
+    ioevent.datamatch = 0;
+    ioevent.fd = notify_fd;
+    ioevent.flags = KVM_IOEVENTFD_FLAG_DATAMATCH;
+    vm_ioctl(vm_.get(), KVM_IOEVENTFD, &ioevent, "KVM_IOEVENTFD for the disk queue");
+
+    loop_.watch_readable(notify_fd, [this, notify_fd] {
+        uint64_t count = 0;
+        if (::read(notify_fd, &count, sizeof(count)) == sizeof(count))
+            blk_transport_->notify_queue(0);
+    });
+    return virtio_mmio_cmdline_param(base, layout::virtio_mmio_size, irq);
+}
+
+void Vm::create_vcpus(const LoadedKernel& kernel)
+{
+    const auto supported = kvm_.supported_cpuid();
+    const bool tsc_deadline = kvm_.check_extension(KVM_CAP_TSC_DEADLINE_TIMER) > 0;
+    for (uint32_t i = 0; i < config_.vcpus; ++i) {
+        auto vcpu = std::make_unique<Vcpu>(kvm_, vm_.get(), i);
+        // KVM wants CPUID set before any other vCPU state.
+        vcpu->set_cpuid(adjust_cpuid(supported, {i, config_.vcpus, tsc_deadline}));
+        vcpu->set_msrs(boot_msrs());
+        vcpu->set_local_interrupts();
+        if (i == 0) {
+            // Only the boot vCPU starts at the kernel entry; the others wait in KVM for the
+            // INIT/SIPI the kernel sends through the in-kernel LAPIC.
+            vcpu->set_regs(boot_regs(kernel));
+            auto sregs = vcpu->sregs();
+            set_boot_sregs(sregs);
+            vcpu->set_sregs(sregs);
+            vcpu->set_fpu(boot_fpu());
+        }
+        vcpus_.push_back(std::move(vcpu));
+    }
+}
+
+void Vm::console_input(std::span<const uint8_t> bytes)
+{
+    serial_->push_input(bytes);
+}
+
+void Vm::stop(VmOutcome outcome, std::string detail)
+{
+    {
+        std::lock_guard lock(result_mutex_);
+        if (!result_)
+            result_ = VmResult{outcome, std::move(detail)};
+    }
+    stopping_ = true;
+    // run() wakes from the loop and kicks the vCPUs; doing it here from a vCPU thread would
+    // race with run() joining them.
+    loop_.stop();
+}
+
+void Vm::kick_vcpus()
+{
+    for (size_t i = 0; i < vcpus_.size(); ++i) {
+        vcpus_[i]->request_exit();
+        if (i < threads_.size())
+            ::pthread_kill(threads_[i].native_handle(), kick_signal());
+    }
+}
+
+void Vm::vcpu_loop(Vcpu& vcpu)
+{
+    try {
+        while (!stopping_) {
+            const ExitOutcome outcome = handle_exit(vcpu.run(), pio_, mmio_);
+            switch (outcome.action) {
+            case ExitAction::resume:
+            case ExitAction::check_stop:
+                break;
+            case ExitAction::power_off:
+                if (auto panic = serial_->panic_line())
+                    stop(VmOutcome::panicked, *panic);
+                else
+                    stop(VmOutcome::powered_off, outcome.why);
+                break;
+            case ExitAction::fail:
+                stop(VmOutcome::failed, fmt::format("vCPU {}: {}", vcpu.index(), outcome.why));
+                break;
+            }
+        }
+    } catch (const std::exception& e) {
+        stop(VmOutcome::failed, fmt::format("vCPU {}: {}", vcpu.index(), e.what()));
+    }
+}
+
+VmResult Vm::run()
+{
+    for (auto& vcpu : vcpus_)
+        threads_.emplace_back([this, v = vcpu.get()] { vcpu_loop(*v); });
+    try {
+        loop_.run();
+    } catch (const std::exception& e) {
+        stop(VmOutcome::failed, fmt::format("I/O loop: {}", e.what()));
+    }
+    stopping_ = true;
+    kick_vcpus();
+    for (auto& t : threads_)
+        t.join();
+    // In-flight disk I/O targets guest memory: let it finish before anything is torn down.
+    loop_.drain();
+    std::lock_guard lock(result_mutex_);
+    return result_.value_or(VmResult{VmOutcome::stopped, "stopped"});
+}
+
+} // namespace agentvm

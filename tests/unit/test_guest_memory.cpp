@@ -1,1 +1,63 @@
 #include <doctest/doctest.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "vmm/guest_memory.hpp"
+#include "vmm/layout.hpp"
+
+using namespace agentvm;
+
+TEST_CASE("small RAM is one region starting at zero")
+{
+    GuestMemory mem(16 * layout::mib);
+    REQUIRE(mem.regions().size() == 1);
+    CHECK(mem.regions()[0].gpa == 0);
+    CHECK(mem.regions()[0].size == 16 * layout::mib);
+    CHECK(mem.ram_size() == 16 * layout::mib);
+}
+
+TEST_CASE("RAM above the MMIO gap continues at 4 GiB")
+{
+    GuestMemory mem(layout::mmio_gap_start + 64 * layout::mib);
+    REQUIRE(mem.regions().size() == 2);
+    CHECK(mem.regions()[1].gpa == layout::mmio_gap_end);
+    CHECK(mem.regions()[1].size == 64 * layout::mib);
+    CHECK(mem.contains(layout::mmio_gap_end, 4096));
+    CHECK_FALSE(mem.contains(layout::mmio_gap_start, 1));
+    CHECK_FALSE(mem.contains(layout::virtio_mmio_base, 4));
+}
+
+TEST_CASE("objects round-trip and writes are visible through span")
+{
+    GuestMemory mem(1 * layout::mib);
+    mem.write_obj<uint64_t>(0x1000, 0x1122334455667788ull);
+    CHECK(mem.read_obj<uint64_t>(0x1000) == 0x1122334455667788ull);
+    CHECK(mem.span(0x1000, 1)[0] == 0x88);
+    std::vector<uint8_t> in{1, 2, 3};
+    mem.write(0x2000, in);
+    std::vector<uint8_t> out(3);
+    mem.read(0x2000, out);
+    CHECK(out == in);
+}
+
+TEST_CASE("accesses that leave RAM throw GuestError")
+{
+    GuestMemory mem(1 * layout::mib);
+    const uint64_t end = layout::mib;
+    CHECK(mem.contains(end - 8, 8));
+    CHECK(mem.contains(end, 0));
+    CHECK_FALSE(mem.contains(end - 7, 8));
+    CHECK_THROWS_AS(mem.read_obj<uint64_t>(end - 4), GuestError);
+    CHECK_THROWS_AS(mem.span(end, 1), GuestError);
+    // A length that would wrap the address space must not pass the check.
+    CHECK_FALSE(mem.contains(0x1000, UINT64_MAX));
+    CHECK_FALSE(mem.contains(UINT64_MAX, 2));
+    CHECK_THROWS_AS(mem.span(UINT64_MAX - 1, 4), GuestError);
+}
+
+TEST_CASE("sizes that are not whole pages are refused")
+{
+    CHECK_THROWS_AS(GuestMemory(0), Error);
+    CHECK_THROWS_AS(GuestMemory(4097), Error);
+}

@@ -1,0 +1,17 @@
+// agentvm's exit codes, one table so the CLI, the docs and the tests agree.
+#pragma once
+
+#include "vmm/vm.hpp"
+
+namespace agentvm::exit_code {
+
+inline constexpr int ok = 0;              // the guest powered off
+inline constexpr int error = 1;           // host or set-up problem: missing file, no KVM, ...
+inline constexpr int usage = 2;           // bad flag or argument
+inline constexpr int guest_panic = 3;     // the guest kernel panicked
+inline constexpr int vm_failure = 4;      // a vCPU or device failed while running
+inline constexpr int signal_base = 128;   // stopped by signal N: 128 + N
+
+int from(const VmResult& result, int stop_signal);
+
+} // namespace agentvm::exit_code

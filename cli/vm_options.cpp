@@ -1,0 +1,94 @@
+#include "cli/vm_options.hpp"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <sys/sysinfo.h>
+#include <unistd.h>
+
+#include <filesystem>
+
+#include <fmt/format.h>
+
+#include "vmm/error.hpp"
+#include "vmm/layout.hpp"
+
+namespace agentvm {
+namespace {
+
+void require_readable_file(const std::string& path, const char* what, const char* flag)
+{
+    struct stat st {};
+    if (::stat(path.c_str(), &st) != 0)
+        throw_errno(fmt::format("{} '{}' (set with {})", what, path, flag));
+    if (!S_ISREG(st.st_mode) && !S_ISBLK(st.st_mode))
+        throw Error(fmt::format("{} '{}' is not a file", what, path));
+    if (::access(path.c_str(), R_OK) != 0)
+        throw_errno(fmt::format("{} '{}' is not readable", what, path));
+}
+
+uint64_t host_ram_bytes()
+{
+    struct sysinfo info {};
+    if (::sysinfo(&info) != 0)
+        throw_errno("sysinfo");
+    return uint64_t{info.totalram} * info.mem_unit;
+}
+
+} // namespace
+
+std::string default_guest_file(const std::string& name)
+{
+    std::error_code ec;
+    const auto exe = std::filesystem::read_symlink("/proc/self/exe", ec);
+    if (ec)
+        throw Error("cannot locate the agentvm binary through /proc/self/exe: " + ec.message());
+    return (exe.parent_path() / "guest" / name).string();
+}
+
+void VmOptions::add_to(CLI::App& command)
+{
+    command.add_option("--kernel", kernel_, "guest kernel: vmlinux ELF or bzImage (default: the one set-up built)");
+    command.add_option("--rootfs", rootfs_, "root filesystem image, opened read-only (default: the one set-up built)");
+    command.add_option("--cpus", cpus_, "number of vCPUs")->capture_default_str();
+    command.add_option("--mem", mem_mib_, "guest memory in MiB")->capture_default_str();
+    command.add_option("--cmdline", cmdline_, "extra kernel command-line parameters");
+    command.add_option("--init-cmd", init_cmd_, "command the guest init runs with /bin/sh -c, then powers off");
+    command.add_option("--console", console_, "where the guest serial console goes: a file path, or - for stderr")
+        ->capture_default_str();
+}
+
+VmConfig VmOptions::resolve()
+{
+    VmConfig config;
+    config.kernel_path = kernel_.empty() ? default_guest_file("vmlinux") : kernel_;
+    config.rootfs_path = rootfs_.empty() ? default_guest_file("rootfs.ext4") : rootfs_;
+    require_readable_file(config.kernel_path, "kernel", "--kernel");
+    require_readable_file(*config.rootfs_path, "root filesystem", "--rootfs");
+
+    // The upper bound depends on KVM and is checked where the VM is built.
+    if (cpus_ == 0)
+        throw Error("--cpus 0 is out of range: a VM needs at least one vCPU");
+    config.vcpus = cpus_;
+
+    const uint64_t host_mib = host_ram_bytes() / layout::mib;
+    if (mem_mib_ == 0 || mem_mib_ > host_mib)
+        throw Error(fmt::format("--mem {} MiB is out of range: this host has {} MiB of RAM", mem_mib_,
+                                host_mib));
+    config.mem_mib = mem_mib_;
+    config.extra_cmdline = cmdline_;
+    config.init_cmd = init_cmd_;
+
+    if (console_ == "-") {
+        config.console_fd = STDERR_FILENO;
+    } else {
+        console_fd_ = Fd(::open(console_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+        if (!console_fd_)
+            throw_errno(fmt::format("cannot open console file '{}' (--console)", console_));
+        config.console_fd = console_fd_.get();
+    }
+    const char* tmpdir = std::getenv("TMPDIR");
+    config.overlay_dir = tmpdir && *tmpdir ? tmpdir : "/var/tmp";
+    return config;
+}
+
+} // namespace agentvm

@@ -1,0 +1,15 @@
+// The Intel MultiProcessor table (MP spec 1.4, chapter 4): how a guest without ACPI learns
+// its CPUs, its IOAPIC and how ISA interrupts are wired. Written at the EBDA, where Linux's
+// smp_scan_config() looks for the floating pointer.
+#pragma once
+
+#include <cstdint>
+
+#include "vmm/guest_memory.hpp"
+
+namespace agentvm {
+
+// Throws Error if the table does not fit below the BIOS area.
+void write_mptable(const GuestMemory& mem, uint32_t vcpu_count);
+
+} // namespace agentvm

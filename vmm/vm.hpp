@@ -1,0 +1,99 @@
+// One microVM: KVM VM, guest RAM, buses, devices, vCPU threads and the I/O loop, held as
+// members in dependency order so construction follows boot order and destruction tears down
+// in reverse. run() blocks until the guest powers off, fails, or stop() is called.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "vmm/boot.hpp"
+#include "vmm/bus.hpp"
+#include "vmm/event_loop.hpp"
+#include "vmm/fd.hpp"
+#include "vmm/guest_memory.hpp"
+#include "vmm/kvm.hpp"
+#include "vmm/vcpu.hpp"
+#include "vmm/vm_config.hpp"
+
+namespace agentvm {
+
+class SerialDevice;
+class CowDisk;
+class VirtioBlk;
+class VirtioMmioTransport;
+
+enum class VmOutcome {
+    powered_off,  // the guest rebooted or powered off
+    panicked,     // the guest kernel panicked (detail: the panic line)
+    failed,       // a vCPU or device failed (detail: why)
+    stopped,      // stop() was called, e.g. on SIGINT/SIGTERM
+};
+
+struct VmResult {
+    VmOutcome outcome;
+    std::string detail;
+};
+
+class Vm {
+public:
+    // Builds the whole VM; throws Error naming the first problem (bad kernel, too little
+    // memory, missing rootfs, KVM failure). Nothing is left behind on failure.
+    Vm(const Kvm& kvm, const VmConfig& config);
+    ~Vm();
+    Vm(const Vm&) = delete;
+    Vm& operator=(const Vm&) = delete;
+
+    // Runs the guest on vCPU threads and the I/O loop on the calling thread.
+    VmResult run();
+    // Thread-safe: ends run() with `outcome` unless it has already ended.
+    void stop(VmOutcome outcome, std::string detail);
+
+    // Before run(): tests add devices, the CLI adds its stdin/signal watches.
+    Bus& pio_bus() { return pio_; }
+    Bus& mmio_bus() { return mmio_; }
+    EventLoop& event_loop() { return loop_; }
+    const GuestMemory& memory() const { return mem_; }
+    Vcpu& vcpu(size_t index) { return *vcpus_.at(index); }
+
+    // Bytes typed at the guest's serial console. Called on the I/O loop's thread.
+    void console_input(std::span<const uint8_t> bytes);
+    const std::string& cmdline() const { return cmdline_; }
+
+private:
+    void create_irqchip();
+    void map_memory();
+    void add_serial(int console_fd);
+    std::string add_root_disk(const std::string& path, const std::string& overlay_dir);
+    void create_vcpus(const LoadedKernel& kernel);
+    void vcpu_loop(Vcpu& vcpu);
+    void kick_vcpus();  // only from the thread in run()
+
+    const Kvm& kvm_;
+    VmConfig config_;
+    Fd vm_;
+    GuestMemory mem_;
+    Bus pio_;
+    Bus mmio_;
+    EventLoop loop_;
+    std::unique_ptr<SerialDevice> serial_;
+    std::unique_ptr<CowDisk> disk_;
+    std::unique_ptr<VirtioBlk> blk_;
+    std::unique_ptr<VirtioMmioTransport> blk_transport_;
+    Fd blk_irqfd_;
+    Fd blk_notify_fd_;
+    std::string cmdline_;
+    std::vector<std::unique_ptr<Vcpu>> vcpus_;
+    std::vector<std::thread> threads_;
+
+    std::atomic<bool> stopping_{false};
+    std::mutex result_mutex_;
+    std::optional<VmResult> result_;
+};
+
+} // namespace agentvm

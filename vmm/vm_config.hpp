@@ -1,0 +1,24 @@
+// What a user asks of one VM. Plain data, validated by the CLI and by Vm's constructor.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+namespace agentvm {
+
+struct VmConfig {
+    std::string kernel_path;
+    std::optional<std::string> rootfs_path;  // none: no disk (tiny test guests)
+    uint32_t vcpus = 1;
+    uint64_t mem_mib = 512;
+    std::string extra_cmdline;                // appended after agentvm's own parameters
+    std::optional<std::string> init_cmd;      // run by the guest init via /bin/sh -c
+    int console_fd = -1;                      // serial output goes here (not owned); -1 drops it
+    std::string overlay_dir;                  // where the disk's copy-on-write overlay lives
+};
+
+// The kernel command line agentvm gives its guests, before the user's extra parameters.
+std::string guest_cmdline(const VmConfig& config, const std::string& device_params);
+
+} // namespace agentvm
