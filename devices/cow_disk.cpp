@@ -1,0 +1,250 @@
+#include "devices/cow_disk.hpp"
+
+#include <fcntl.h>
+#include <linux/fs.h>
+#include <sys/ioctl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <climits>
+#include <cstdlib>
+#include <fmt/format.h>
+#include <memory>
+#include <stdexcept>
+
+#include "vmm/error.hpp"
+
+namespace agentvm {
+
+namespace {
+
+uint64_t image_size(int fd, const std::string& name)
+{
+    struct stat st {};
+    if (::fstat(fd, &st) != 0)
+        throw_errno(fmt::format("stat of disk image {}", name));
+    if (S_ISREG(st.st_mode))
+        return static_cast<uint64_t>(st.st_size);
+    if (S_ISBLK(st.st_mode)) {
+        uint64_t bytes = 0;
+        if (::ioctl(fd, BLKGETSIZE64, &bytes) != 0)
+            throw_errno(fmt::format("size of block device {}", name));
+        return bytes;
+    }
+    throw Error(fmt::format("disk image {} is neither a regular file nor a block device", name));
+}
+
+Fd open_read_only(const std::string& path)
+{
+    Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+    if (!fd)
+        throw_errno(fmt::format("opening base disk image {}", path));
+    return fd;
+}
+
+std::string default_overlay_dir()
+{
+    const char* tmp = std::getenv("TMPDIR");
+    return tmp && *tmp ? tmp : "/var/tmp";
+}
+
+uint64_t total_bytes(std::span<const iovec> iov)
+{
+    uint64_t total = 0;
+    for (const auto& v : iov)
+        total += v.iov_len;  // each is a guest buffer < 4 GiB, and there are at most IOV_MAX
+    return total;
+}
+
+// Several submissions that finish as one request: the last completion reports.
+struct SplitOp {
+    std::vector<std::vector<iovec>> parts;
+    size_t remaining = 0;
+    int32_t error = 0;
+    int32_t total = 0;
+    std::function<void(int32_t)> done;
+
+    void complete_part(int32_t res, uint64_t expected)
+    {
+        if (res < 0 && error == 0)
+            error = res;
+        else if (res >= 0 && static_cast<uint64_t>(res) != expected && error == 0)
+            error = -EIO;  // a short transfer on a file we sized ourselves means it changed under us
+        if (--remaining == 0)
+            done(error != 0 ? error : total);
+    }
+};
+
+} // namespace
+
+std::vector<iovec> slice_iovecs(std::span<const iovec> iov, uint64_t offset, uint64_t len)
+{
+    std::vector<iovec> out;
+    for (const auto& v : iov) {
+        if (len == 0)
+            break;
+        if (offset >= v.iov_len) {
+            offset -= v.iov_len;
+            continue;
+        }
+        const uint64_t take = std::min<uint64_t>(v.iov_len - offset, len);
+        out.push_back({static_cast<uint8_t*>(v.iov_base) + offset, take});
+        len -= take;
+        offset = 0;
+    }
+    if (len != 0)
+        throw std::out_of_range("iovec slice runs past the buffers");
+    return out;
+}
+
+CowDisk::CowDisk(const std::string& base_path, const std::string& overlay_dir)
+    : CowDisk(open_read_only(base_path), base_path, overlay_dir)
+{
+}
+
+CowDisk::CowDisk(Fd base, const std::string& name, const std::string& overlay_dir)
+    : base_(std::move(base)), name_(name)
+{
+    if (!base_)
+        throw Error(fmt::format("disk image {}: no file descriptor", name));
+    const uint64_t bytes = image_size(base_.get(), name);
+    if (bytes == 0 || bytes % sector_size != 0)
+        throw Error(fmt::format("disk image {} is {} bytes, not a non-zero multiple of {}", name, bytes,
+                                sector_size));
+    // Offsets are off_t and results int32: keep the disk well inside both ranges.
+    if (bytes > (uint64_t{1} << 62))
+        throw Error(fmt::format("disk image {} is too large ({} bytes)", name, bytes));
+    capacity_sectors_ = bytes / sector_size;
+    written_.assign((capacity_sectors_ + 63) / 64, 0);
+    open_overlay(overlay_dir.empty() ? default_overlay_dir() : overlay_dir);
+}
+
+void CowDisk::open_overlay(const std::string& dir)
+{
+    overlay_ = Fd(::open(dir.c_str(), O_TMPFILE | O_RDWR | O_CLOEXEC, 0600));
+    if (!overlay_ && (errno == EOPNOTSUPP || errno == EISDIR)) {
+        // The filesystem has no O_TMPFILE: create and unlink at once. The name exists for
+        // an instant only, and the fd keeps the data alive.
+        std::string path = dir + "/agentvm-overlay-XXXXXX";
+        overlay_ = Fd(::mkostemp(path.data(), O_CLOEXEC));
+        if (overlay_)
+            ::unlink(path.c_str());
+    }
+    if (!overlay_)
+        throw_errno(fmt::format("creating the disk overlay for {} in {}", name_, dir));
+    // Sparse: the overlay costs only what the guest writes.
+    if (::ftruncate(overlay_.get(), static_cast<off_t>(capacity_sectors_ * sector_size)) != 0)
+        throw_errno(fmt::format("sizing the disk overlay for {} in {}", name_, dir));
+}
+
+bool CowDisk::in_range(uint64_t sector, uint64_t count) const
+{
+    return sector <= capacity_sectors_ && count <= capacity_sectors_ - sector;
+}
+
+bool CowDisk::is_written(uint64_t sector) const
+{
+    return sector < capacity_sectors_ && (written_[sector / 64] >> (sector % 64)) & 1;
+}
+
+std::vector<CowDisk::Extent> CowDisk::plan_read(uint64_t sector, uint64_t count) const
+{
+    if (!in_range(sector, count))
+        throw GuestError(fmt::format("sectors [{}, +{}) are outside the disk of {} sectors", sector, count,
+                                     capacity_sectors_));
+    std::vector<Extent> plan;
+    for (uint64_t s = sector; s < sector + count; ++s) {
+        const bool overlay = is_written(s);
+        if (!plan.empty() && plan.back().overlay == overlay)
+            ++plan.back().count;
+        else
+            plan.push_back({s, 1, overlay});
+    }
+    return plan;
+}
+
+void CowDisk::mark_written(uint64_t sector, uint64_t count)
+{
+    if (!in_range(sector, count))
+        throw GuestError(fmt::format("sectors [{}, +{}) are outside the disk of {} sectors", sector, count,
+                                     capacity_sectors_));
+    for (uint64_t s = sector; s < sector + count; ++s)
+        written_[s / 64] |= uint64_t{1} << (s % 64);
+}
+
+uint64_t CowDisk::check_request(uint64_t sector, std::span<const iovec> iov) const
+{
+    if (iov.size() > IOV_MAX)
+        throw GuestError(fmt::format("disk request with {} buffers, more than {}", iov.size(), IOV_MAX));
+    const uint64_t bytes = total_bytes(iov);
+    if (bytes % sector_size != 0)
+        throw GuestError(fmt::format("disk request of {} bytes is not a multiple of {}", bytes, sector_size));
+    if (bytes > INT32_MAX)
+        throw GuestError(fmt::format("disk request of {} bytes is too large", bytes));
+    if (!in_range(sector, bytes / sector_size))
+        throw GuestError(fmt::format("sectors [{}, +{}) are outside the disk of {} sectors", sector,
+                                     bytes / sector_size, capacity_sectors_));
+    return bytes;
+}
+
+void CowDisk::read(EventLoop& loop, uint64_t sector, std::span<const iovec> iov, Completion done)
+{
+    const uint64_t bytes = check_request(sector, iov);
+    if (bytes == 0) {
+        done(0);
+        return;
+    }
+    const auto plan = plan_read(sector, bytes / sector_size);
+    auto op = std::make_shared<SplitOp>();
+    op->total = static_cast<int32_t>(bytes);
+    op->done = std::move(done);
+    op->remaining = plan.size();
+    for (const Extent& e : plan)
+        op->parts.push_back(slice_iovecs(iov, (e.sector - sector) * sector_size, e.count * sector_size));
+    for (size_t i = 0; i < plan.size(); ++i) {
+        const Extent& e = plan[i];
+        const int fd = e.overlay ? overlay_.get() : base_.get();
+        const uint64_t expected = e.count * sector_size;
+        loop.readv(fd, op->parts[i].data(), static_cast<unsigned>(op->parts[i].size()), e.sector * sector_size,
+                   [op, expected](int32_t res) { op->complete_part(res, expected); });
+    }
+}
+
+void CowDisk::write(EventLoop& loop, uint64_t sector, std::span<const iovec> iov, Completion done)
+{
+    const uint64_t bytes = check_request(sector, iov);
+    if (bytes == 0) {
+        done(0);
+        return;
+    }
+    auto parts = std::make_shared<std::vector<iovec>>(iov.begin(), iov.end());
+    // Only the overlay is ever written; the base fd is read-only besides.
+    loop.writev(overlay_.get(), parts->data(), static_cast<unsigned>(parts->size()), sector * sector_size,
+                [this, parts, sector, bytes, done = std::move(done)](int32_t res) {
+                    if (res >= 0 && static_cast<uint64_t>(res) != bytes)
+                        res = -EIO;
+                    if (res >= 0)
+                        mark_written(sector, bytes / sector_size);
+                    done(res);
+                });
+}
+
+CowDisk::State CowDisk::save() const
+{
+    return {capacity_sectors_, written_};
+}
+
+void CowDisk::restore(const State& s)
+{
+    if (s.capacity_sectors != capacity_sectors_)
+        throw Error(fmt::format("disk state for {} sectors, disk {} has {}", s.capacity_sectors, name_,
+                                capacity_sectors_));
+    if (s.written.size() != written_.size())
+        throw Error(fmt::format("disk state bitmap has {} words, expected {}", s.written.size(), written_.size()));
+    if (capacity_sectors_ % 64 != 0 && (s.written.back() >> (capacity_sectors_ % 64)) != 0)
+        throw Error("disk state marks sectors beyond the end of the disk");
+    written_ = s.written;
+}
+
+} // namespace agentvm

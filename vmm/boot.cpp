@@ -268,12 +268,19 @@ void write_boot_data(const GuestMemory& mem, const LoadedKernel& kernel, std::st
     params.e820_entries = static_cast<uint8_t>(map.size());
     mem.write_obj(layout::boot_params, params);
 
-    // Identity-map the first 1 GiB with 2 MiB pages: enough for startup_64, which builds
-    // its own tables before touching anything higher.
+    // Identity-map the low 4 GiB with 2 MiB pages. Linux's startup_64 needs only its own
+    // image mapped and builds its tables at once; freestanding test guests also reach the
+    // device window below 4 GiB through this map, and must never fault (PVM hosts cannot
+    // deliver exceptions to them).
     mem.write_obj<uint64_t>(layout::pml4, layout::pdpte | pte_present | pte_write);
-    mem.write_obj<uint64_t>(layout::pdpte, layout::pde | pte_present | pte_write);
-    for (uint64_t i = 0; i < 512; ++i)
-        mem.write_obj<uint64_t>(layout::pde + i * 8, (i << 21) | pte_present | pte_write | pte_huge);
+    for (uint64_t table = 0; table < layout::pde_pages; ++table) {
+        const uint64_t pde_table = layout::pde + table * 4096;
+        mem.write_obj<uint64_t>(layout::pdpte + table * 8, pde_table | pte_present | pte_write);
+        for (uint64_t i = 0; i < 512; ++i) {
+            const uint64_t addr = (table << 30) | (i << 21);
+            mem.write_obj<uint64_t>(pde_table + i * 8, addr | pte_present | pte_write | pte_huge);
+        }
+    }
 
     for (size_t i = 0; i < std::size(gdt_table); ++i)
         mem.write_obj<uint64_t>(layout::boot_gdt + i * 8, gdt_table[i]);

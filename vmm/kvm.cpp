@@ -4,11 +4,11 @@
 #include <sys/ioctl.h>
 
 #include <cerrno>
-#include <memory>
 
 #include <fmt/format.h>
 
 #include "vmm/error.hpp"
+#include "vmm/kvm_abi.hpp"
 
 namespace agentvm {
 namespace {
@@ -76,12 +76,12 @@ std::vector<kvm_cpuid_entry2> Kvm::supported_cpuid() const
 {
     // KVM_GET_SUPPORTED_CPUID fails with E2BIG until the buffer is large enough.
     for (uint32_t capacity = 64; capacity <= 4096; capacity *= 2) {
-        const size_t bytes = sizeof(kvm_cpuid2) + capacity * sizeof(kvm_cpuid_entry2);
-        auto storage = std::make_unique<uint64_t[]>((bytes + 7) / 8);
-        auto* cpuid = reinterpret_cast<kvm_cpuid2*>(storage.get());
-        cpuid->nent = capacity;
-        if (::ioctl(fd_.get(), KVM_GET_SUPPORTED_CPUID, cpuid) == 0)
-            return {cpuid->entries, cpuid->entries + cpuid->nent};
+        kvm_abi::CpuidArray cpuid(capacity);
+        cpuid.header().nent = capacity;
+        if (::ioctl(fd_.get(), kvm_abi::get_supported_cpuid, cpuid.data()) == 0) {
+            auto entries = cpuid.entries().first(cpuid.header().nent);
+            return {entries.begin(), entries.end()};
+        }
         if (errno != E2BIG)
             throw_errno("KVM_GET_SUPPORTED_CPUID");
     }

@@ -5,11 +5,12 @@
 
 #include <cerrno>
 #include <cstring>
-#include <memory>
+#include <algorithm>
 
 #include <fmt/format.h>
 
 #include "vmm/error.hpp"
+#include "vmm/kvm_abi.hpp"
 
 namespace agentvm {
 namespace {
@@ -83,27 +84,23 @@ Vcpu::~Vcpu()
 
 void Vcpu::set_cpuid(const std::vector<kvm_cpuid_entry2>& entries)
 {
-    const size_t bytes = sizeof(kvm_cpuid2) + entries.size() * sizeof(kvm_cpuid_entry2);
-    auto storage = std::make_unique<uint64_t[]>((bytes + 7) / 8);
-    auto* cpuid = reinterpret_cast<kvm_cpuid2*>(storage.get());
-    cpuid->nent = static_cast<uint32_t>(entries.size());
-    std::memcpy(cpuid->entries, entries.data(), entries.size() * sizeof(kvm_cpuid_entry2));
-    vcpu_ioctl(fd_.get(), KVM_SET_CPUID2, cpuid, "KVM_SET_CPUID2", index_);
+    kvm_abi::CpuidArray cpuid(entries.size());
+    cpuid.header().nent = static_cast<uint32_t>(entries.size());
+    std::copy(entries.begin(), entries.end(), cpuid.entries().begin());
+    vcpu_ioctl(fd_.get(), kvm_abi::set_cpuid2, cpuid.data(), "KVM_SET_CPUID2", index_);
 }
 
 void Vcpu::set_msrs(const std::vector<std::pair<uint32_t, uint64_t>>& msrs)
 {
-    const size_t bytes = sizeof(kvm_msrs) + msrs.size() * sizeof(kvm_msr_entry);
-    auto storage = std::make_unique<uint64_t[]>((bytes + 7) / 8);
-    auto* list = reinterpret_cast<kvm_msrs*>(storage.get());
-    list->nmsrs = static_cast<uint32_t>(msrs.size());
+    kvm_abi::MsrArray list(msrs.size());
+    list.header().nmsrs = static_cast<uint32_t>(msrs.size());
     for (size_t i = 0; i < msrs.size(); ++i) {
-        list->entries[i] = kvm_msr_entry{};
-        list->entries[i].index = msrs[i].first;
-        list->entries[i].data = msrs[i].second;
+        list.entries()[i] = kvm_msr_entry{};
+        list.entries()[i].index = msrs[i].first;
+        list.entries()[i].data = msrs[i].second;
     }
     // KVM_SET_MSRS returns how many it set; fewer means one was refused.
-    const int set = ::ioctl(fd_.get(), KVM_SET_MSRS, list);
+    const int set = ::ioctl(fd_.get(), kvm_abi::set_msrs, list.data());
     if (set < 0)
         throw_errno(fmt::format("KVM_SET_MSRS on vCPU {}", index_));
     if (static_cast<size_t>(set) != msrs.size())

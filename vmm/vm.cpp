@@ -137,8 +137,7 @@ std::string Vm::add_root_disk(const std::string& path, const std::string& overla
     const uint64_t base = layout::virtio_mmio_base;
     const uint32_t irq = layout::first_virtio_irq;
 
-    disk_ = std::make_unique<CowDisk>(path, overlay_dir);
-    blk_ = std::make_unique<VirtioBlk>(*disk_, loop_, "agentvm-root");
+    blk_ = std::make_unique<VirtioBlk>(CowDisk(path, overlay_dir), loop_, "agentvm-root");
 
     // Interrupts go through an irqfd and queue notifications through an ioeventfd, so neither
     // costs a trip through this process's vCPU thread.

@@ -24,7 +24,6 @@
 namespace agentvm {
 
 class SerialDevice;
-class CowDisk;
 class VirtioBlk;
 class VirtioMmioTransport;
 
@@ -82,7 +81,6 @@ private:
     Bus mmio_;
     EventLoop loop_;
     std::unique_ptr<SerialDevice> serial_;
-    std::unique_ptr<CowDisk> disk_;
     std::unique_ptr<VirtioBlk> blk_;
     std::unique_ptr<VirtioMmioTransport> blk_transport_;
     Fd blk_irqfd_;

@@ -17,7 +17,8 @@ namespace {
 // A minimal x86_64 ELF with one PT_LOAD segment of `code` at paddr, entry at paddr.
 std::vector<uint8_t> make_elf(uint64_t paddr, std::vector<uint8_t> code, uint64_t memsz)
 {
-    std::vector<uint8_t> image(sizeof(Elf64_Ehdr) + sizeof(Elf64_Phdr));
+    const size_t headers = sizeof(Elf64_Ehdr) + sizeof(Elf64_Phdr);
+    std::vector<uint8_t> image(headers + code.size());
     Elf64_Ehdr eh{};
     std::memcpy(eh.e_ident, ELFMAG, SELFMAG);
     eh.e_ident[EI_CLASS] = ELFCLASS64;
@@ -30,13 +31,13 @@ std::vector<uint8_t> make_elf(uint64_t paddr, std::vector<uint8_t> code, uint64_
     eh.e_phnum = 1;
     Elf64_Phdr ph{};
     ph.p_type = PT_LOAD;
-    ph.p_offset = image.size();
+    ph.p_offset = headers;
     ph.p_paddr = paddr;
     ph.p_filesz = code.size();
     ph.p_memsz = memsz;
     std::memcpy(image.data(), &eh, sizeof(eh));
     std::memcpy(image.data() + sizeof(eh), &ph, sizeof(ph));
-    image.insert(image.end(), code.begin(), code.end());
+    std::memcpy(image.data() + headers, code.data(), code.size());
     return image;
 }
 
@@ -144,6 +145,10 @@ TEST_CASE("zero page, command line, page tables and GDT")
           "console=ttyS0 quiet");
     CHECK(mem.read_obj<uint64_t>(layout::pml4) == (layout::pdpte | 3));
     CHECK(mem.read_obj<uint64_t>(layout::pde + 8) == ((1u << 21) | 0x83));
+    // The MMIO window at 3.25 GiB is mapped too (4th page directory).
+    CHECK(mem.read_obj<uint64_t>(layout::pdpte + 3 * 8) == ((layout::pde + 3 * 4096) | 3));
+    CHECK(mem.read_obj<uint64_t>(layout::pde + 3 * 4096 + 8 * 128) ==
+          ((3ull << 30) | (128ull << 21) | 0x83));
 
     kvm_sregs sregs{};
     set_boot_sregs(sregs);

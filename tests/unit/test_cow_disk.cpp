@@ -1,1 +1,275 @@
 #include <doctest/doctest.h>
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdint>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "devices/cow_disk.hpp"
+#include "vmm/event_loop.hpp"
+
+using namespace agentvm;
+
+namespace {
+
+constexpr uint64_t sectors = 100;  // not a multiple of 64: exercises the bitmap's tail
+
+struct TempDir {
+    std::string path;
+    TempDir()
+    {
+        std::string tmpl = "/tmp/agentvm-cow-test-XXXXXX";
+        REQUIRE(::mkdtemp(tmpl.data()) != nullptr);
+        path = tmpl;
+    }
+    ~TempDir() { std::filesystem::remove_all(path); }
+    size_t entries() const
+    {
+        size_t n = 0;
+        for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator(path))
+            ++n;
+        return n;
+    }
+};
+
+uint8_t base_byte(uint64_t sector, size_t i)
+{
+    return static_cast<uint8_t>(sector * 31 + i);
+}
+
+std::vector<uint8_t> base_sector(uint64_t s)
+{
+    std::vector<uint8_t> v(512);
+    for (size_t i = 0; i < 512; ++i)
+        v[i] = base_byte(s, i);
+    return v;
+}
+
+void write_file(const std::string& path, const std::vector<uint8_t>& bytes)
+{
+    std::ofstream f(path, std::ios::binary);
+    f.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+}
+
+std::vector<uint8_t> read_file(const std::string& path)
+{
+    std::ifstream f(path, std::ios::binary);
+    return {std::istreambuf_iterator<char>(f), {}};
+}
+
+struct Fixture {
+    TempDir dir;
+    TempDir overlay_dir;
+    std::string base_path = dir.path + "/base.img";
+    std::vector<uint8_t> base_bytes;
+
+    Fixture()
+    {
+        for (uint64_t s = 0; s < sectors; ++s) {
+            auto v = base_sector(s);
+            base_bytes.insert(base_bytes.end(), v.begin(), v.end());
+        }
+        write_file(base_path, base_bytes);
+    }
+};
+
+// Runs one async disk operation to completion and returns its result.
+template <typename Op>
+int32_t run(EventLoop& loop, Op op)
+{
+    int32_t result = 1;
+    bool done = false;
+    op([&](int32_t res) {
+        result = res;
+        done = true;
+    });
+    loop.drain();
+    REQUIRE(done);
+    return result;
+}
+
+} // namespace
+
+TEST_CASE("base image errors are clear")
+{
+    TempDir dir;
+    CHECK_THROWS_AS(CowDisk(dir.path + "/missing.img", dir.path), Error);
+    write_file(dir.path + "/odd.img", std::vector<uint8_t>(1000));
+    CHECK_THROWS_WITH_AS(CowDisk(dir.path + "/odd.img", dir.path), doctest::Contains("multiple of 512"), Error);
+    write_file(dir.path + "/empty.img", {});
+    CHECK_THROWS_AS(CowDisk(dir.path + "/empty.img", dir.path), Error);
+    CHECK_THROWS_AS(CowDisk(dir.path, dir.path), Error);  // a directory
+    write_file(dir.path + "/ok.img", std::vector<uint8_t>(1024));
+    CHECK_THROWS_AS(CowDisk(dir.path + "/ok.img", dir.path + "/no-such-dir"), Error);
+    if (::geteuid() != 0) {
+        ::chmod((dir.path + "/ok.img").c_str(), 0);
+        CHECK_THROWS_AS(CowDisk(dir.path + "/ok.img", dir.path), Error);
+    }
+}
+
+TEST_CASE_FIXTURE(Fixture, "the overlay is anonymous, sparse and as large as the base")
+{
+    CowDisk disk(base_path, overlay_dir.path);
+    CHECK(disk.capacity_sectors() == sectors);
+    CHECK(overlay_dir.entries() == 0);  // no name, so nothing to clean up after a crash
+    struct stat st {};
+    REQUIRE(::fstat(disk.overlay_fd(), &st) == 0);
+    CHECK(static_cast<uint64_t>(st.st_size) == sectors * 512);
+    CHECK(st.st_nlink == 0);
+    // The base is open read-only.
+    CHECK((::fcntl(disk.base_fd(), F_GETFL) & O_ACCMODE) == O_RDONLY);
+}
+
+TEST_CASE_FIXTURE(Fixture, "an fd from the caller is accepted")
+{
+    Fd fd(::open(base_path.c_str(), O_RDONLY | O_CLOEXEC));
+    REQUIRE(fd);
+    CowDisk disk(std::move(fd), "base", overlay_dir.path);
+    CHECK(disk.capacity_sectors() == sectors);
+    CHECK_THROWS_AS(CowDisk(Fd(), "none", overlay_dir.path), Error);
+}
+
+TEST_CASE_FIXTURE(Fixture, "read planning splits runs between base and overlay")
+{
+    CowDisk disk(base_path, overlay_dir.path);
+    using E = CowDisk::Extent;
+    CHECK(disk.plan_read(0, sectors) == std::vector<E>{{0, sectors, false}});
+    CHECK(disk.plan_read(5, 0).empty());
+
+    disk.mark_written(3, 2);
+    disk.mark_written(63, 3);  // across a bitmap word
+    disk.mark_written(99, 1);  // the last sector
+    CHECK(disk.is_written(3));
+    CHECK(disk.is_written(4));
+    CHECK_FALSE(disk.is_written(5));
+    CHECK(disk.plan_read(0, 8) == std::vector<E>{{0, 3, false}, {3, 2, true}, {5, 3, false}});
+    CHECK(disk.plan_read(4, 1) == std::vector<E>{{4, 1, true}});
+    CHECK(disk.plan_read(60, 10) == std::vector<E>{{60, 3, false}, {63, 3, true}, {66, 4, false}});
+    CHECK(disk.plan_read(98, 2) == std::vector<E>{{98, 1, false}, {99, 1, true}});
+
+    CHECK(disk.in_range(0, sectors));
+    CHECK(disk.in_range(sectors, 0));
+    CHECK_FALSE(disk.in_range(sectors, 1));
+    CHECK_FALSE(disk.in_range(1, sectors));
+    CHECK_FALSE(disk.in_range(~0ull, 2));  // sector + count overflows
+    CHECK_FALSE(disk.in_range(2, ~0ull));
+    CHECK_THROWS_AS(disk.plan_read(99, 2), GuestError);
+    CHECK_THROWS_AS(disk.plan_read(~0ull, 2), GuestError);
+    CHECK_THROWS_AS(disk.mark_written(sectors, 1), GuestError);
+    CHECK_THROWS_AS(disk.mark_written(1, ~0ull), GuestError);
+    CHECK_FALSE(disk.is_written(sectors));
+}
+
+TEST_CASE("slice_iovecs")
+{
+    uint8_t a[10], b[20], c[30];
+    const std::vector<iovec> iov{{a, 10}, {b, 20}, {c, 30}};
+    auto s = slice_iovecs(iov, 5, 30);
+    REQUIRE(s.size() == 3);
+    CHECK(s[0].iov_base == a + 5);
+    CHECK(s[0].iov_len == 5);
+    CHECK(s[1].iov_base == b);
+    CHECK(s[1].iov_len == 20);
+    CHECK(s[2].iov_base == c);
+    CHECK(s[2].iov_len == 5);
+    s = slice_iovecs(iov, 30, 30);
+    REQUIRE(s.size() == 1);
+    CHECK(s[0].iov_base == c);
+    CHECK(s[0].iov_len == 30);
+    CHECK(slice_iovecs(iov, 60, 0).empty());
+    CHECK_THROWS_AS(slice_iovecs(iov, 50, 11), std::out_of_range);
+}
+
+TEST_CASE_FIXTURE(Fixture, "copy-on-write through the event loop")
+{
+    EventLoop loop;
+    CowDisk disk(base_path, overlay_dir.path);
+
+    // Unwritten sectors come from the base.
+    std::vector<uint8_t> buf(4 * 512);
+    iovec one{buf.data(), buf.size()};
+    CHECK(run(loop, [&](auto done) { disk.read(loop, 10, {&one, 1}, done); }) == 4 * 512);
+    for (uint64_t s = 0; s < 4; ++s)
+        CHECK(std::vector<uint8_t>(buf.begin() + s * 512, buf.begin() + (s + 1) * 512) == base_sector(10 + s));
+
+    // Write sectors 11 and 12 from two buffers.
+    std::vector<uint8_t> w1(512, 0xaa), w2(512, 0xbb);
+    iovec wv[2] = {{w1.data(), 512}, {w2.data(), 512}};
+    CHECK(run(loop, [&](auto done) { disk.write(loop, 11, wv, done); }) == 1024);
+    CHECK(disk.is_written(11));
+    CHECK(disk.is_written(12));
+    CHECK_FALSE(disk.is_written(10));
+
+    // A read across the boundary, into oddly split buffers, stitches base and overlay.
+    std::vector<uint8_t> r(4 * 512, 0);
+    iovec rv[3] = {{r.data(), 700}, {r.data() + 700, 1000}, {r.data() + 1700, 4 * 512 - 1700}};
+    CHECK(run(loop, [&](auto done) { disk.read(loop, 10, rv, done); }) == 4 * 512);
+    CHECK(std::vector<uint8_t>(r.begin(), r.begin() + 512) == base_sector(10));
+    CHECK(std::vector<uint8_t>(r.begin() + 512, r.begin() + 1024) == w1);
+    CHECK(std::vector<uint8_t>(r.begin() + 1024, r.begin() + 1536) == w2);
+    CHECK(std::vector<uint8_t>(r.begin() + 1536, r.end()) == base_sector(13));
+
+    // Overwrite again: the newest data wins.
+    std::vector<uint8_t> w3(512, 0xcc);
+    iovec w3v{w3.data(), 512};
+    CHECK(run(loop, [&](auto done) { disk.write(loop, 12, {&w3v, 1}, done); }) == 512);
+    iovec r2{r.data(), 512};
+    CHECK(run(loop, [&](auto done) { disk.read(loop, 12, {&r2, 1}, done); }) == 512);
+    CHECK(std::vector<uint8_t>(r.begin(), r.begin() + 512) == w3);
+
+    // The base file never changed.
+    CHECK(read_file(base_path) == base_bytes);
+    CHECK(overlay_dir.entries() == 0);
+}
+
+TEST_CASE_FIXTURE(Fixture, "bad requests are refused before any I/O")
+{
+    EventLoop loop;
+    CowDisk disk(base_path, overlay_dir.path);
+    std::vector<uint8_t> buf(1024);
+    iovec odd{buf.data(), 700};
+    iovec two{buf.data(), 1024};
+    auto never = [](int32_t) { FAIL("completion ran for a refused request"); };
+    CHECK_THROWS_AS(disk.read(loop, 0, {&odd, 1}, never), GuestError);
+    CHECK_THROWS_AS(disk.write(loop, 0, {&odd, 1}, never), GuestError);
+    CHECK_THROWS_AS(disk.read(loop, sectors - 1, {&two, 1}, never), GuestError);
+    CHECK_THROWS_AS(disk.write(loop, sectors - 1, {&two, 1}, never), GuestError);
+    CHECK_THROWS_AS(disk.write(loop, ~0ull, {&two, 1}, never), GuestError);
+    CHECK(loop.in_flight() == 0);
+    CHECK_FALSE(disk.is_written(sectors - 1));
+    // The last sectors themselves are fine.
+    CHECK(run(loop, [&](auto done) { disk.write(loop, sectors - 2, {&two, 1}, done); }) == 1024);
+    CHECK(read_file(base_path) == base_bytes);
+}
+
+TEST_CASE_FIXTURE(Fixture, "save, restore, save is identical")
+{
+    CowDisk disk(base_path, overlay_dir.path);
+    disk.mark_written(0, 1);
+    disk.mark_written(64, 36);
+    const auto s = disk.save();
+    CHECK(s.capacity_sectors == sectors);
+    REQUIRE(s.written.size() == 2);
+    CHECK(s.written[0] == 1);
+
+    CowDisk other(base_path, overlay_dir.path);
+    other.restore(s);
+    CHECK(other.save() == s);
+    CHECK(other.plan_read(0, 2) == std::vector<CowDisk::Extent>{{0, 1, true}, {1, 1, false}});
+
+    auto bad = s;
+    SUBCASE("wrong capacity") { bad.capacity_sectors = 128; }
+    SUBCASE("wrong bitmap size") { bad.written.push_back(0); }
+    SUBCASE("bits beyond the end") { bad.written[1] |= 1ull << 40; }
+    CowDisk third(base_path, overlay_dir.path);
+    CHECK_THROWS_AS(third.restore(bad), Error);
+    CHECK(third.save() == CowDisk(base_path, overlay_dir.path).save());
+}

@@ -1,0 +1,98 @@
+// A copy-on-write disk: a shared read-only base image plus a private, throwaway overlay.
+//
+// Every VM boots from the same base image, which is opened O_RDONLY and never written. The
+// VM's writes land in an overlay file of the same size, created O_TMPFILE (it has no name
+// from birth, so nothing is left behind even if the VMM is SIGKILLed) and left sparse; a
+// bitmap of 512-byte sectors says which sectors the overlay holds. A read is split into
+// runs served from the base or the overlay.
+//
+// The planning (plan_read, mark_written) is pure; read/write submit through the EventLoop
+// and complete on its thread. Not thread-safe: the owning device serializes access. Must not
+// be moved or destroyed while I/O is in flight (completions refer to it).
+// Leaves out: discard, write-zeroes, persisting the overlay (a snapshot must copy the overlay
+// file itself, see overlay_fd()).
+#pragma once
+
+#include <sys/uio.h>
+
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "vmm/event_loop.hpp"
+#include "vmm/error.hpp"
+#include "vmm/fd.hpp"
+
+namespace agentvm {
+
+class CowDisk {
+public:
+    static constexpr uint64_t sector_size = 512;
+
+    struct Extent {
+        uint64_t sector;
+        uint64_t count;
+        bool overlay;  // else the base image
+
+        bool operator==(const Extent&) const = default;
+    };
+
+    struct State {
+        uint64_t capacity_sectors = 0;
+        std::vector<uint64_t> written;  // bit s%64 of word s/64: sector s lives in the overlay
+
+        bool operator==(const State&) const = default;
+    };
+
+    // res: bytes transferred (the whole request) or -errno.
+    using Completion = std::function<void(int32_t res)>;
+
+    // Opens base_path read-only. overlay_dir empty: $TMPDIR, else /var/tmp. Throws Error when
+    // the base is missing, unreadable, empty or not a multiple of 512 bytes, or when the
+    // overlay cannot be created.
+    explicit CowDisk(const std::string& base_path, const std::string& overlay_dir = {});
+    // Takes an fd the caller opened (read-only is enough); name is for error messages.
+    CowDisk(Fd base, const std::string& name, const std::string& overlay_dir = {});
+
+    uint64_t capacity_sectors() const { return capacity_sectors_; }
+    int base_fd() const { return base_.get(); }
+    int overlay_fd() const { return overlay_.get(); }
+
+    // [sector, sector+count) lies inside the disk (overflow-safe).
+    bool in_range(uint64_t sector, uint64_t count) const;
+    // Runs in order, adjacent runs from the same file merged. Throws GuestError when out of range.
+    std::vector<Extent> plan_read(uint64_t sector, uint64_t count) const;
+    // Records that the overlay now holds these sectors. Throws GuestError when out of range.
+    void mark_written(uint64_t sector, uint64_t count);
+    bool is_written(uint64_t sector) const;
+
+    // Reads/writes sizeof(iov) bytes at `sector`. The iovec array is copied; the buffers must
+    // stay valid until `done` runs on the loop thread. A write marks its sectors written only
+    // once it fully completed. Throws GuestError (nothing submitted) when the size is not a
+    // multiple of 512, the range leaves the disk, or there are more than IOV_MAX buffers.
+    // A zero-length request completes inline with 0.
+    void read(EventLoop& loop, uint64_t sector, std::span<const iovec> iov, Completion done);
+    void write(EventLoop& loop, uint64_t sector, std::span<const iovec> iov, Completion done);
+
+    State save() const;
+    // Throws Error when the state is for a disk of another size or its bitmap is malformed.
+    void restore(const State& state);
+
+private:
+    void open_overlay(const std::string& overlay_dir);
+    uint64_t check_request(uint64_t sector, std::span<const iovec> iov) const;
+
+    Fd base_;
+    Fd overlay_;
+    std::string name_;
+    uint64_t capacity_sectors_ = 0;
+    std::vector<uint64_t> written_;
+};
+
+// The sub-list of iov covering bytes [offset, offset+len) of the concatenated buffers.
+// Throws std::out_of_range when the range is longer than the buffers.
+std::vector<iovec> slice_iovecs(std::span<const iovec> iov, uint64_t offset, uint64_t len);
+
+} // namespace agentvm

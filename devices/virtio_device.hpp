@@ -1,0 +1,118 @@
+// What a virtio device (blk, vsock, …) offers its transport (virtio 1.2 §2, §4.2).
+//
+// The transport (virtio_mmio.hpp) owns the registers, the status state machine and the
+// virtqueues; the device owns its config space and what its queues carry. The transport
+// calls every method below with mutex() held, and a device takes mutex() itself before
+// touching queues from its own callbacks (I/O completions), so register writes on vCPU
+// threads, queue processing and completions on the event-loop thread never interleave.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <span>
+#include <utility>
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include "devices/virtqueue.hpp"
+#include "vmm/guest_memory.hpp"
+
+namespace agentvm {
+
+// What the transport hands a device when the driver sets DRIVER_OK.
+struct VirtioContext {
+    const GuestMemory* mem = nullptr;
+    std::span<Virtqueue> queues;  // owned by the transport; stable until it is destroyed
+    uint64_t features = 0;        // negotiated
+    // Call after adding used elements when Virtqueue::should_notify() said so: sets
+    // InterruptStatus bit 0 and raises the interrupt. Needs mutex() held.
+    std::function<void()> signal_used;
+    // Call when a queue is broken beyond one chain (Virtqueue::pop threw GuestError): sets
+    // DEVICE_NEEDS_RESET and raises a config interrupt (§2.1.2). Needs mutex() held.
+    std::function<void()> needs_reset;
+};
+
+class VirtioDevice {
+public:
+    virtual ~VirtioDevice() = default;
+
+    virtual uint32_t device_type() const = 0;      // VIRTIO_ID_*
+    virtual uint64_t device_features() const = 0;  // must include VIRTIO_F_VERSION_1
+    virtual size_t queue_count() const = 0;
+    virtual uint16_t queue_max_size(size_t index) const = 0;
+
+    // Device-specific config space (§4.2.2: at 0x100 of the MMIO window). Bytes beyond the
+    // config structure read as zero; writes the device does not accept are ignored.
+    virtual void read_config(uint64_t offset, std::span<uint8_t> data) const = 0;
+    virtual void write_config(uint64_t offset, std::span<const uint8_t> data) = 0;
+
+    // DRIVER_OK was set: queues that are ready() may be used from now on.
+    virtual void activate(const VirtioContext& ctx) = 0;
+    // The driver notified queue `index` (ioeventfd or QueueNotify). Runs on the loop thread.
+    virtual void process_queue(size_t index) = 0;
+    // The driver wrote 0 to Status: forget the context; I/O still in flight must not touch
+    // the queues when it completes.
+    virtual void reset() = 0;
+
+    // The one lock shared by the device and its transport. Recursive because an event-loop
+    // submission may run completions inline, which lock again on the same thread.
+    std::recursive_mutex& mutex() const { return mutex_; }
+
+private:
+    mutable std::recursive_mutex mutex_;
+};
+
+// Lets a guest-triggered warning through at most `burst` times per `period`, so a guest
+// cannot flood the host log. Not thread-safe: callers hold their device's lock.
+class WarnLimiter {
+public:
+    explicit WarnLimiter(unsigned burst = 10, std::chrono::seconds period = std::chrono::seconds(5))
+        : burst_(burst), period_(period)
+    {
+    }
+
+    // True when this warning may be logged; *suppressed is how many were dropped before it.
+    bool allow(uint64_t* suppressed = nullptr)
+    {
+        const auto now = std::chrono::steady_clock::now();
+        if (now - window_start_ >= period_) {
+            window_start_ = now;
+            used_ = 0;
+        }
+        if (used_ >= burst_) {
+            ++suppressed_;
+            return false;
+        }
+        ++used_;
+        if (suppressed)
+            *suppressed = suppressed_;
+        suppressed_ = 0;
+        return true;
+    }
+
+private:
+    unsigned burst_;
+    std::chrono::steady_clock::duration period_;
+    std::chrono::steady_clock::time_point window_start_{};
+    unsigned used_ = 0;
+    uint64_t suppressed_ = 0;
+};
+
+// spdlog::warn through a WarnLimiter, for anything a guest can trigger at will.
+template <typename... Args>
+void guest_warn(WarnLimiter& limiter, fmt::format_string<Args...> format, Args&&... args)
+{
+    uint64_t suppressed = 0;
+    if (!limiter.allow(&suppressed))
+        return;
+    const std::string message = fmt::format(format, std::forward<Args>(args)...);
+    if (suppressed != 0)
+        spdlog::warn("{} ({} similar warnings suppressed)", message, suppressed);
+    else
+        spdlog::warn("{}", message);
+}
+
+} // namespace agentvm

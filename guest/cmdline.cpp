@@ -1,0 +1,148 @@
+#include "guest/cmdline.hpp"
+
+#include <cstdint>
+
+namespace agentvm {
+
+namespace {
+
+struct Param {
+    std::string_view name;
+    std::string_view value;
+    bool has_value = false;
+};
+
+// The kernel's isspace() on a command line: ASCII whitespace.
+bool is_space(char c)
+{
+    return c == ' ' || c == '\t' || c == '\n' || c == '\v' || c == '\f' || c == '\r';
+}
+
+// Takes one word off the front of `rest` (which starts at a non-space). Follows next_arg():
+// a quote opening the word or the value is dropped, and so is a quote ending the word.
+Param next_param(std::string_view& rest)
+{
+    bool quoted = rest.front() == '"';
+    if (quoted)
+        rest.remove_prefix(1);
+
+    bool in_quote = quoted;
+    size_t end = 0;
+    size_t equals = std::string_view::npos;
+    for (; end < rest.size(); ++end) {
+        char c = rest[end];
+        if (is_space(c) && !in_quote)
+            break;
+        if (c == '=' && equals == std::string_view::npos)
+            equals = end;
+        if (c == '"')
+            in_quote = !in_quote;
+    }
+    std::string_view word = rest.substr(0, end);
+    rest.remove_prefix(end);
+
+    Param param{word, {}, equals != std::string_view::npos};
+    bool strip_closing_quote = quoted;
+    if (param.has_value) {
+        param.name = word.substr(0, equals);
+        param.value = word.substr(equals + 1);
+        if (!param.value.empty() && param.value.front() == '"') {
+            param.value.remove_prefix(1);
+            strip_closing_quote = true;
+        }
+    }
+    std::string_view& last = param.has_value ? param.value : param.name;
+    if (strip_closing_quote && !last.empty() && last.back() == '"')
+        last.remove_suffix(1);
+    return param;
+}
+
+bool names_equal(std::string_view a, std::string_view b)
+{
+    if (a.size() != b.size())
+        return false;
+    for (size_t i = 0; i < a.size(); ++i) {
+        char x = a[i] == '-' ? '_' : a[i];
+        char y = b[i] == '-' ? '_' : b[i];
+        if (x != y)
+            return false;
+    }
+    return true;
+}
+
+// The 6-bit value of a base64 character, or -1.
+constexpr int sextet(char c)
+{
+    if (c >= 'A' && c <= 'Z')
+        return c - 'A';
+    if (c >= 'a' && c <= 'z')
+        return c - 'a' + 26;
+    if (c >= '0' && c <= '9')
+        return c - '0' + 52;
+    if (c == '+')
+        return 62;
+    if (c == '/')
+        return 63;
+    return -1;
+}
+
+char byte_at(uint32_t group, int shift)
+{
+    return static_cast<char>(static_cast<unsigned char>((group >> shift) & 0xff));
+}
+
+} // namespace
+
+std::optional<std::string> find_cmdline_param(std::string_view cmdline, std::string_view name)
+{
+    std::optional<std::string> found;
+    std::string_view rest = cmdline;
+    for (;;) {
+        while (!rest.empty() && is_space(rest.front()))
+            rest.remove_prefix(1);
+        if (rest.empty())
+            break;
+        Param param = next_param(rest);
+        if (!param.has_value && param.name == "--")
+            break;
+        if (names_equal(param.name, name))
+            found = std::string(param.value);
+    }
+    return found;
+}
+
+std::optional<std::string> base64_decode(std::string_view text)
+{
+    if (text.size() % 4 != 0)
+        return std::nullopt;
+    std::string out;
+    out.reserve(text.size() / 4 * 3);
+    for (size_t i = 0; i < text.size(); i += 4) {
+        bool last_group = i + 4 == text.size();
+        uint32_t group = 0;
+        int padding = 0;
+        for (size_t j = 0; j < 4; ++j) {
+            char c = text[i + j];
+            if (c == '=') {
+                // Padding fills only the last one or two places of the final group.
+                if (!last_group || j < 2)
+                    return std::nullopt;
+                ++padding;
+                group <<= 6;
+                continue;
+            }
+            int value = sextet(c);
+            if (value < 0 || padding > 0)
+                return std::nullopt;
+            group = group << 6 | static_cast<uint32_t>(value);
+        }
+        out.push_back(byte_at(group, 16));
+        if (padding < 2)
+            out.push_back(byte_at(group, 8));
+        if (padding < 1)
+            out.push_back(byte_at(group, 0));
+    }
+    return out;
+}
+
+} // namespace agentvm

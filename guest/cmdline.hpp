@@ -1,0 +1,29 @@
+// How agentvm's parameters travel on the kernel command line. Pure string functions, so
+// tests/unit/test_guest_cmdline.cpp can check them on the host.
+//
+// The VMM passes the command to run as agentvm.init_cmd=<base64 of the command>: base64
+// (RFC 4648, standard alphabet, '=' padding) keeps quotes, spaces and newlines from being
+// split or eaten by the kernel's parameter parser. The kernel never hands parameters with a
+// dot in their name to init, so init reads them from /proc/cmdline.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <string_view>
+
+namespace agentvm {
+
+inline constexpr std::string_view init_cmd_param = "agentvm.init_cmd";
+
+// The value of parameter `name` in a kernel command line as /proc/cmdline shows it, split
+// and unquoted the way the kernel's own parser (lib/cmdline.c next_arg) does: words end at
+// whitespace outside double quotes, '-' and '_' in names are the same character, a bare
+// `name` has the value "", the last occurrence wins, and "--" ends the kernel's parameters
+// (what follows belongs to init). nullopt when the parameter is absent.
+std::optional<std::string> find_cmdline_param(std::string_view cmdline, std::string_view name);
+
+// Decodes RFC 4648 base64 with the standard alphabet and mandatory padding. nullopt for
+// anything else: a stray character, a length not a multiple of 4, padding before the end.
+std::optional<std::string> base64_decode(std::string_view text);
+
+} // namespace agentvm

@@ -1,0 +1,120 @@
+// agentvm-init: PID 1 of an agentvm guest (kernel command line: init=/sbin/agentvm-init).
+//
+// It sets up the few things every program expects (filesystems, lo, hostname,
+// environment), prints "agentvm-init: ready", runs the command the VMM passed as
+// agentvm.init_cmd=<base64> through /bin/sh -c (or an interactive shell when there is
+// none), reports how it ended and powers the VM off. It never returns from main: PID 1
+// exiting panics the kernel, so every way out, errors included, goes through power_off().
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <exception>
+#include <optional>
+#include <string>
+
+#include "guest/cmdline.hpp"
+#include "guest/console.hpp"
+#include "guest/loopback.hpp"
+#include "guest/mounts.hpp"
+#include "guest/power.hpp"
+#include "guest/spawn.hpp"
+
+namespace agentvm {
+
+namespace {
+
+constexpr char hostname[] = "agentvm";
+
+// The kernel hands init HOME=/ TERM=linux plus any command-line words it did not know;
+// start from a clean, predictable environment instead.
+void set_environment()
+{
+    ::clearenv();
+    ::setenv("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", 1);
+    ::setenv("HOME", "/root", 1);
+    ::setenv("TERM", "linux", 1);
+    ::setenv("LANG", "C.UTF-8", 1);
+    ::setenv("USER", "root", 1);
+}
+
+std::optional<std::string> read_file(const char* path)
+{
+    int fd = ::open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return std::nullopt;
+    std::string text;
+    char buffer[4096];
+    for (;;) {
+        ssize_t n = ::read(fd, buffer, sizeof(buffer));
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0) {
+            ::close(fd);
+            if (n < 0)
+                return std::nullopt;
+            return text;
+        }
+        text.append(buffer, static_cast<size_t>(n));
+    }
+}
+
+void run_interactive_shell()
+{
+    const char* shell = ::access("/bin/bash", X_OK) == 0 ? "/bin/bash" : "/bin/sh";
+    if (std::optional<int> status = run_on_console({shell, "-l"}, "/root"))
+        report_exit("shell", *status);
+}
+
+void run()
+{
+    if (!mount_dev())
+        return;
+    ensure_console();
+    say("ready");
+
+    if (!mount_filesystems())
+        return;
+    if (::sethostname(hostname, sizeof(hostname) - 1) != 0)
+        say_errno("sethostname");
+    bring_up_loopback();
+    set_environment();
+
+    std::optional<std::string> cmdline = read_file("/proc/cmdline");
+    if (!cmdline) {
+        say_errno("read /proc/cmdline");
+        return;
+    }
+    std::optional<std::string> encoded = find_cmdline_param(*cmdline, init_cmd_param);
+    if (!encoded) {
+        run_interactive_shell();
+        return;
+    }
+    std::optional<std::string> command = base64_decode(*encoded);
+    if (!command) {
+        say("malformed %s: not padded standard base64", init_cmd_param.data());
+        return;
+    }
+    if (command->find('\0') != std::string::npos) {
+        say("malformed %s: the command contains a NUL byte", init_cmd_param.data());
+        return;
+    }
+    if (std::optional<int> status = run_on_console({"/bin/sh", "-c", *command}, "/root"))
+        report_exit("init-cmd", *status);
+}
+
+} // namespace
+
+} // namespace agentvm
+
+int main()
+{
+    try {
+        agentvm::run();
+    } catch (const std::exception& e) {
+        agentvm::say("fatal: %s", e.what());
+    } catch (...) {
+        agentvm::say("fatal: unknown exception");
+    }
+    agentvm::power_off();
+}

@@ -1,0 +1,68 @@
+#include "guest/spawn.hpp"
+
+#include <sys/ioctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+
+#include "guest/console.hpp"
+
+namespace agentvm {
+
+namespace {
+
+[[noreturn]] void exec_child(char* const* argv, const char* cwd)
+{
+    ::setsid();
+    // Failure only costs the child job control; it still runs.
+    ::ioctl(STDIN_FILENO, TIOCSCTTY, 1);
+    if (::chdir(cwd) != 0 && ::chdir("/") != 0)
+        say_errno("chdir");
+    ::execve(argv[0], argv, environ);
+    char what[256];
+    std::snprintf(what, sizeof(what), "exec %s", argv[0]);
+    say_errno(what);
+    ::_exit(127);
+}
+
+} // namespace
+
+std::optional<int> run_on_console(const std::vector<std::string>& argv, const char* cwd)
+{
+    // Built before fork: the child only execs.
+    std::vector<char*> c_argv;
+    for (const std::string& arg : argv)
+        c_argv.push_back(const_cast<char*>(arg.c_str()));
+    c_argv.push_back(nullptr);
+
+    pid_t child = ::fork();
+    if (child < 0) {
+        say_errno("fork");
+        return std::nullopt;
+    }
+    if (child == 0)
+        exec_child(c_argv.data(), cwd);
+
+    for (;;) {
+        int status = 0;
+        pid_t pid = ::waitpid(-1, &status, 0);
+        if (pid == child)
+            return status;
+        if (pid < 0 && errno != EINTR) {
+            say_errno("waitpid");
+            return std::nullopt;
+        }
+    }
+}
+
+void report_exit(const char* what, int wait_status)
+{
+    if (WIFSIGNALED(wait_status))
+        say("%s killed by signal %d", what, WTERMSIG(wait_status));
+    else
+        say("%s exited %d", what, WEXITSTATUS(wait_status));
+}
+
+} // namespace agentvm
