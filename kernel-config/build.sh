@@ -189,7 +189,8 @@ mv -f "$tmp" "$vmlinux"
 trap - EXIT
 install_link "$vmlinux" "$out_path"
 
-# Keeps the $KEEP_KERNELS most recently built kernels.
+# Keeps the $KEEP_KERNELS most recently built kernels. Cache paths are ours: no odd names.
+# shellcheck disable=SC2012
 ls -1dt "$cache_root"/*/vmlinux 2>/dev/null | tail -n +$(( KEEP_KERNELS + 1 )) | while read -r old; do
     progress "pruning ${old%/vmlinux}"
     rm -rf -- "${old%/vmlinux}"

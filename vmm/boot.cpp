@@ -54,6 +54,19 @@ bool is_elf(std::span<const uint8_t> image)
     return image.size() >= SELFMAG && std::memcmp(image.data(), ELFMAG, SELFMAG) == 0;
 }
 
+// Refuses, with one message, anything that is neither format, before either parser looks
+// at it (so a short text file is not "truncated", just not a kernel).
+void require_kernel_format(std::span<const uint8_t> image)
+{
+    if (is_elf(image))
+        return;
+    setup_header header{};
+    if (image.size() >= setup_header_offset + sizeof(header))
+        std::memcpy(&header, image.data() + setup_header_offset, sizeof(header));
+    if (header.boot_flag != boot_flag_magic || header.header != hdrs_magic)
+        throw Error("kernel is neither an ELF vmlinux nor a bzImage (no ELF magic, no HdrS header)");
+}
+
 template <typename T>
 T read_at(std::span<const uint8_t> image, uint64_t offset, const char* what)
 {
@@ -115,9 +128,7 @@ LoadedKernel load_elf(const GuestMemory& mem, std::span<const uint8_t> image)
 
 LoadedKernel load_bzimage(const GuestMemory& mem, std::span<const uint8_t> image)
 {
-    auto header = read_at<setup_header>(image, setup_header_offset, "the setup header");
-    if (header.boot_flag != boot_flag_magic || header.header != hdrs_magic)
-        throw Error("kernel is neither an ELF vmlinux nor a bzImage (no ELF magic, no HdrS header)");
+    const auto header = read_at<setup_header>(image, setup_header_offset, "the setup header");
     if (header.version < min_protocol_for_64bit || !(header.xloadflags & XLF_KERNEL_64))
         throw Error(fmt::format("bzImage (boot protocol {:#x}) has no 64-bit entry point",
                                 uint16_t{header.version}));
@@ -204,6 +215,7 @@ std::vector<uint8_t> read_kernel_file(const std::string& path)
 
 uint64_t minimum_ram_for(std::span<const uint8_t> image)
 {
+    require_kernel_format(image);
     uint64_t end = 0;
     if (is_elf(image)) {
         const auto ehdr = read_at<Elf64_Ehdr>(image, 0, "the ELF header");
@@ -222,6 +234,7 @@ uint64_t minimum_ram_for(std::span<const uint8_t> image)
 
 LoadedKernel load_kernel(const GuestMemory& mem, std::span<const uint8_t> image)
 {
+    require_kernel_format(image);
     return is_elf(image) ? load_elf(mem, image) : load_bzimage(mem, image);
 }
 

@@ -289,8 +289,10 @@ def _cmd_script(argv, cwd, shares):
         if k in _SKIP_ENV or not k.replace("_", "a").isalnum() or k[0].isdigit():
             continue
         lines.append(f"export {k}={shlex.quote(v)}")
+    # Outside the shares L1's filesystem is read-only, so temporary files (agentvm's disk
+    # overlays among them) must go to L1's tmpfs unless TMPDIR already points into a share.
     tmpdir = os.environ.get("TMPDIR")
-    if tmpdir and not any((tmpdir + "/").startswith(s + "/") for s in shares):
+    if not tmpdir or not any((tmpdir + "/").startswith(s + "/") for s in shares):
         lines.append("export TMPDIR=/tmp")
     lines.append(f"export PWD={shlex.quote(cwd)}")
     lines.append("unset AGENTVM_TESTHOST_RUN_DIR 2>/dev/null")

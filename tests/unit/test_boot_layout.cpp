@@ -95,6 +95,9 @@ TEST_CASE("malformed kernels are refused with a reason")
     {
         std::vector<uint8_t> text(4096, 'x');
         CHECK_THROWS_WITH_AS(load_kernel(mem, text), doctest::Contains("neither an ELF"), Error);
+        std::vector<uint8_t> tiny{'h', 'i', '\n'};
+        CHECK_THROWS_WITH_AS(load_kernel(mem, tiny), doctest::Contains("neither an ELF"), Error);
+        CHECK_THROWS_WITH_AS(minimum_ram_for(tiny), doctest::Contains("neither an ELF"), Error);
     }
     SUBCASE("32-bit-only bzImage")
     {
