@@ -109,6 +109,11 @@ void Serial::write(uint8_t offset, uint8_t value)
     }
 }
 
+bool Serial::receive_enabled() const
+{
+    return (ier_ & UART_IER_RDI) != 0;
+}
+
 bool Serial::enqueue_input(uint8_t byte)
 {
     if (loopback())
@@ -277,8 +282,9 @@ void SerialDevice::push_input(std::span<const uint8_t> bytes)
     std::lock_guard lock(mutex_);
     size_t dropped = 0;
     for (uint8_t byte : bytes) {
-        // Once bytes wait on the host side, later ones queue behind them to keep the order.
-        if (host_queue_.empty() && serial_.enqueue_input(byte))
+        // Once bytes wait on the host side, later ones queue behind them to keep the order;
+        // and they wait there until a guest driver listens.
+        if (host_queue_.empty() && serial_.receive_enabled() && serial_.enqueue_input(byte))
             continue;
         if (host_queue_.size() < host_queue_capacity)
             host_queue_.push_back(byte);
@@ -386,7 +392,8 @@ void SerialDevice::flush_locked()
 
 void SerialDevice::feed_fifo()
 {
-    while (!host_queue_.empty() && serial_.enqueue_input(host_queue_.front()))
+    while (!host_queue_.empty() && serial_.receive_enabled() &&
+           serial_.enqueue_input(host_queue_.front()))
         host_queue_.pop_front();
 }
 

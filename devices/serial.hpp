@@ -82,6 +82,9 @@ public:
 
     // The level of the UART's interrupt output.
     bool interrupt_pending() const;
+    // The guest driver listens for input (IER receive interrupt on): before that, bytes a
+    // host types would be lost to the driver's FIFO reset at start-up.
+    bool receive_enabled() const;
 
     State save() const;
     // Throws Error if state could not have come from save(); leaves *this unchanged then.

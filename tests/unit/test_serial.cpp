@@ -434,6 +434,36 @@ TEST_CASE("serial device: interrupt line and host input beyond the FIFO")
     CHECK(dev.input_dropped() == 10);
 }
 
+TEST_CASE("serial device: host input waits until a guest driver listens, surviving its FIFO reset")
+{
+    std::vector<bool> levels;
+    SerialDevice dev(-1, [&](bool level) { levels.push_back(level); });
+    const uint8_t typed[] = {'l', 's', '\n'};
+    dev.push_input(typed);  // typed while the kernel is still booting
+    uint8_t lsr = 0;
+    dev.bus_read(uart::lsr, {&lsr, 1});
+    CHECK((lsr & UART_LSR_DR) == 0);
+    CHECK(levels.empty());
+
+    // The 8250 driver's start-up: clear the FIFOs, then enable the receive interrupt.
+    const uint8_t clear = UART_FCR_ENABLE_FIFO | UART_FCR_CLEAR_RCVR | UART_FCR_CLEAR_XMIT;
+    dev.bus_write(uart::fcr, {&clear, 1});
+    const uint8_t rdi = UART_IER_RDI;
+    dev.bus_write(uart::ier, {&rdi, 1});
+    CHECK(levels == std::vector<bool>{true});
+    std::string got;
+    for (;;) {
+        dev.bus_read(uart::lsr, {&lsr, 1});
+        if (!(lsr & UART_LSR_DR))
+            break;
+        uint8_t b = 0;
+        dev.bus_read(uart::rbr, {&b, 1});
+        got += static_cast<char>(b);
+    }
+    CHECK(got == "ls\n");
+    CHECK(dev.input_dropped() == 0);
+}
+
 TEST_CASE("serial device: THRE interrupt edges for the Linux transmit path")
 {
     std::vector<bool> levels;

@@ -5,24 +5,23 @@
 #include <filesystem>
 
 namespace agentvm::test {
-namespace {
-
-ProcessResult through_testhost(std::vector<std::string> argv, std::chrono::seconds timeout)
+ProcessResult run_in_testhost(std::vector<std::string> argv, std::chrono::seconds timeout)
 {
-    argv.insert(argv.begin(), {TESTHOST_RUN, "--"});
+    // The runner's own limit sits inside ours, so a hung guest ends as a clear timeout (124).
+    argv.insert(argv.begin(), {TESTHOST_RUN, "--timeout", std::to_string(timeout.count() - 30), "--"});
     auto result = run_process(argv, timeout);
+    if (result.exit_code == 124)
+        FAIL("timed out in the test host: " << result.err);
     if (result.exit_code == testhost_unavailable)
         FAIL("the test host cannot run here: " << result.err);
     return result;
 }
 
-} // namespace
-
 ProcessResult run_agentvm(const std::vector<std::string>& args, std::chrono::seconds timeout)
 {
     std::vector<std::string> argv{AGENTVM_BIN};
     argv.insert(argv.end(), args.begin(), args.end());
-    return through_testhost(argv, timeout);
+    return run_in_testhost(argv, timeout);
 }
 
 Boot boot_guest(const std::string& name, const std::vector<std::string>& args,

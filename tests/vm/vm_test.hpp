@@ -22,11 +22,15 @@ struct Boot {
 // Runs `agentvm boot --console FILE ARGS...` where a real guest can boot, and returns its
 // result and the console text. name keeps concurrent tests' console files apart.
 Boot boot_guest(const std::string& name, const std::vector<std::string>& args,
-                std::chrono::seconds timeout = std::chrono::seconds(600));
+                std::chrono::seconds timeout = std::chrono::seconds(300));
 
 // Runs agentvm with ARGS where a real guest can boot (for bad-input cases that need KVM).
 ProcessResult run_agentvm(const std::vector<std::string>& args,
-                          std::chrono::seconds timeout = std::chrono::seconds(600));
+                          std::chrono::seconds timeout = std::chrono::seconds(300));
+
+// Runs any command where a real guest can boot.
+ProcessResult run_in_testhost(std::vector<std::string> argv,
+                              std::chrono::seconds timeout = std::chrono::seconds(300));
 
 std::string default_rootfs();
 
