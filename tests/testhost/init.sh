@@ -45,6 +45,7 @@ mkdir -p /newroot/dev/pts /newroot/dev/shm
 mount -t devpts -o newinstance,ptmxmode=0666 devpts /newroot/dev/pts
 mount -t tmpfs -o mode=1777 tmpfs /newroot/dev/shm
 mount -t tmpfs -o mode=1777 tmpfs /newroot/tmp
+mount -t tmpfs -o mode=1777 tmpfs /newroot/var/tmp
 mount -t tmpfs -o mode=755 tmpfs /newroot/run
 # Writable shares: "tag path" per line, parents before children.
 while read -r tag path; do
