@@ -14,56 +14,15 @@
 #include <vector>
 
 #include "devices/cow_disk.hpp"
+#include "tests/support/disk_image.hpp"
 #include "vmm/event_loop.hpp"
 
 using namespace agentvm;
+using namespace agentvm::test;
 
 namespace {
 
 constexpr uint64_t sectors = 100;  // not a multiple of 64: exercises the bitmap's tail
-
-struct TempDir {
-    std::string path;
-    TempDir()
-    {
-        std::string tmpl = "/tmp/agentvm-cow-test-XXXXXX";
-        REQUIRE(::mkdtemp(tmpl.data()) != nullptr);
-        path = tmpl;
-    }
-    ~TempDir() { std::filesystem::remove_all(path); }
-    size_t entries() const
-    {
-        size_t n = 0;
-        for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator(path))
-            ++n;
-        return n;
-    }
-};
-
-uint8_t base_byte(uint64_t sector, size_t i)
-{
-    return static_cast<uint8_t>(sector * 31 + i);
-}
-
-std::vector<uint8_t> base_sector(uint64_t s)
-{
-    std::vector<uint8_t> v(512);
-    for (size_t i = 0; i < 512; ++i)
-        v[i] = base_byte(s, i);
-    return v;
-}
-
-void write_file(const std::string& path, const std::vector<uint8_t>& bytes)
-{
-    std::ofstream f(path, std::ios::binary);
-    f.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
-}
-
-std::vector<uint8_t> read_file(const std::string& path)
-{
-    std::ifstream f(path, std::ios::binary);
-    return {std::istreambuf_iterator<char>(f), {}};
-}
 
 struct Fixture {
     TempDir dir;
@@ -77,7 +36,7 @@ struct Fixture {
             auto v = base_sector(s);
             base_bytes.insert(base_bytes.end(), v.begin(), v.end());
         }
-        write_file(base_path, base_bytes);
+        write_bytes(base_path, base_bytes);
     }
 };
 
@@ -102,12 +61,12 @@ TEST_CASE("base image errors are clear")
 {
     TempDir dir;
     CHECK_THROWS_AS(CowDisk(dir.path + "/missing.img", dir.path), Error);
-    write_file(dir.path + "/odd.img", std::vector<uint8_t>(1000));
+    write_bytes(dir.path + "/odd.img", std::vector<uint8_t>(1000));
     CHECK_THROWS_WITH_AS(CowDisk(dir.path + "/odd.img", dir.path), doctest::Contains("multiple of 512"), Error);
-    write_file(dir.path + "/empty.img", {});
+    write_bytes(dir.path + "/empty.img", {});
     CHECK_THROWS_AS(CowDisk(dir.path + "/empty.img", dir.path), Error);
     CHECK_THROWS_AS(CowDisk(dir.path, dir.path), Error);  // a directory
-    write_file(dir.path + "/ok.img", std::vector<uint8_t>(1024));
+    write_bytes(dir.path + "/ok.img", std::vector<uint8_t>(1024));
     CHECK_THROWS_AS(CowDisk(dir.path + "/ok.img", dir.path + "/no-such-dir"), Error);
     if (::geteuid() != 0) {
         ::chmod((dir.path + "/ok.img").c_str(), 0);
@@ -226,7 +185,7 @@ TEST_CASE_FIXTURE(Fixture, "copy-on-write through the event loop")
     CHECK(std::vector<uint8_t>(r.begin(), r.begin() + 512) == w3);
 
     // The base file never changed.
-    CHECK(read_file(base_path) == base_bytes);
+    CHECK(read_bytes(base_path) == base_bytes);
     CHECK(overlay_dir.entries() == 0);
 }
 
@@ -247,7 +206,7 @@ TEST_CASE_FIXTURE(Fixture, "bad requests are refused before any I/O")
     CHECK_FALSE(disk.is_written(sectors - 1));
     // The last sectors themselves are fine.
     CHECK(run(loop, [&](auto done) { disk.write(loop, sectors - 2, {&two, 1}, done); }) == 1024);
-    CHECK(read_file(base_path) == base_bytes);
+    CHECK(read_bytes(base_path) == base_bytes);
 }
 
 TEST_CASE_FIXTURE(Fixture, "save, restore, save is identical")

@@ -17,11 +17,13 @@
 
 #include "devices/virtio_blk.hpp"
 #include "devices/virtio_mmio.hpp"
+#include "tests/support/disk_image.hpp"
 #include "vmm/event_loop.hpp"
 #include "vmm/guest_memory.hpp"
 #include "vmm/layout.hpp"
 
 using namespace agentvm;
+using namespace agentvm::test;
 
 namespace {
 
@@ -32,30 +34,6 @@ constexpr uint64_t avail_gpa = 0x20000;
 constexpr uint64_t used_gpa = 0x30000;
 constexpr uint16_t qsize = VirtioBlk::queue_size;
 
-uint8_t base_byte(uint64_t sector, size_t i)
-{
-    return static_cast<uint8_t>(sector * 31 + i);
-}
-
-std::vector<uint8_t> base_sector(uint64_t s)
-{
-    std::vector<uint8_t> v(512);
-    for (size_t i = 0; i < 512; ++i)
-        v[i] = base_byte(s, i);
-    return v;
-}
-
-struct TempDir {
-    std::string path;
-    TempDir()
-    {
-        std::string tmpl = "/tmp/agentvm-blk-test-XXXXXX";
-        REQUIRE(::mkdtemp(tmpl.data()) != nullptr);
-        path = tmpl;
-    }
-    ~TempDir() { std::filesystem::remove_all(path); }
-};
-
 std::string make_base(const TempDir& dir, std::vector<uint8_t>* contents = nullptr)
 {
     std::vector<uint8_t> bytes;
@@ -64,17 +42,10 @@ std::string make_base(const TempDir& dir, std::vector<uint8_t>* contents = nullp
         bytes.insert(bytes.end(), v.begin(), v.end());
     }
     const std::string path = dir.path + "/base.img";
-    std::ofstream(path, std::ios::binary).write(reinterpret_cast<const char*>(bytes.data()),
-                                                static_cast<std::streamsize>(bytes.size()));
+    write_bytes(path, bytes);
     if (contents)
         *contents = bytes;
     return path;
-}
-
-std::vector<uint8_t> read_file(const std::string& path)
-{
-    std::ifstream f(path, std::ios::binary);
-    return {std::istreambuf_iterator<char>(f), {}};
 }
 
 void put_header(const GuestMemory& mem, uint64_t gpa, uint32_t type, uint64_t sector)
@@ -413,7 +384,7 @@ TEST_CASE_FIXTURE(Rig, "read, write, read back, flush, get-id")
     CHECK(data(h, 0, VIRTIO_BLK_ID_BYTES) == id);
 
     // The base image is untouched; the device raised interrupts; nothing is in flight.
-    CHECK(read_file(base_path) == base_bytes);
+    CHECK(read_bytes(base_path) == base_bytes);
     CHECK(interrupts >= 1);
     CHECK(rd(VIRTIO_MMIO_INTERRUPT_STATUS) == VIRTIO_MMIO_INT_VRING);
     CHECK(blk.in_flight() == 0);
