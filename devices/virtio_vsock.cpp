@@ -1,0 +1,821 @@
+#include "devices/virtio_vsock.hpp"
+
+#include <linux/virtio_ids.h>
+
+#include <algorithm>
+#include <array>
+#include <bit>
+#include <cstring>
+#include <fmt/format.h>
+#include <mutex>
+
+namespace agentvm {
+
+// The le* fields of the UAPI structs are used as plain integers.
+static_assert(std::endian::native == std::endian::little, "virtio-vsock assumes a little-endian host");
+
+namespace {
+
+constexpr uint32_t shutdown_mask = VIRTIO_VSOCK_SHUTDOWN_RCV | VIRTIO_VSOCK_SHUTDOWN_SEND;
+
+constexpr bool known_op(uint16_t op)
+{
+    return op >= VIRTIO_VSOCK_OP_REQUEST && op <= VIRTIO_VSOCK_OP_CREDIT_REQUEST;
+}
+
+constexpr bool valid_guest_cid(uint64_t cid)
+{
+    // 0..2 are hypervisor, local and host; Linux keeps CIDs to 32 bits and U32_MAX is "any".
+    return cid > vsock_host_cid && cid < 0xffffffffull;
+}
+
+uint64_t chain_bytes(const DescriptorChain& chain)
+{
+    uint64_t total = 0;
+    for (const auto& d : chain.descriptors)
+        total += d.len;  // at most 32768 * 4 GiB: no overflow
+    return total;
+}
+
+bool all_writable(const DescriptorChain& chain, bool writable)
+{
+    return std::all_of(chain.descriptors.begin(), chain.descriptors.end(),
+                       [&](const Descriptor& d) { return d.writable == writable; });
+}
+
+// Copies out.size() bytes starting `offset` bytes into the chain's buffers; the caller
+// checked the chain is long enough.
+void gather(const GuestMemory& mem, const DescriptorChain& chain, uint64_t offset, std::span<uint8_t> out)
+{
+    size_t done = 0;
+    for (const auto& d : chain.descriptors) {
+        if (done == out.size())
+            break;
+        if (offset >= d.len) {
+            offset -= d.len;
+            continue;
+        }
+        const size_t n = std::min<uint64_t>(d.len - offset, out.size() - done);
+        mem.read(d.addr + offset, out.subspan(done, n));
+        done += n;
+        offset = 0;
+    }
+}
+
+// Writes `in` from the start of the chain's buffers onwards; returns the bytes written.
+uint64_t scatter(const GuestMemory& mem, const DescriptorChain& chain, uint64_t offset, std::span<const uint8_t> in)
+{
+    size_t done = 0;
+    for (const auto& d : chain.descriptors) {
+        if (done == in.size())
+            break;
+        if (offset >= d.len) {
+            offset -= d.len;
+            continue;
+        }
+        const size_t n = std::min<uint64_t>(d.len - offset, in.size() - done);
+        mem.write(d.addr + offset, in.subspan(done, n));
+        done += n;
+        offset = 0;
+    }
+    return done;
+}
+
+VsockPacket reject(VsockPacket pkt, VsockPacket::Kind kind, std::string why)
+{
+    pkt.kind = kind;
+    pkt.error = std::move(why);
+    pkt.payload.clear();
+    return pkt;
+}
+
+} // namespace
+
+VsockPacket parse_vsock_packet(const DescriptorChain& chain, const GuestMemory& mem, uint64_t guest_cid)
+{
+    using Kind = VsockPacket::Kind;
+    VsockPacket pkt;
+    if (!all_writable(chain, false))
+        return reject(std::move(pkt), Kind::drop, "tx chain has a device-writable descriptor");
+    const uint64_t total = chain_bytes(chain);
+    if (total < vsock_hdr_bytes)
+        return reject(std::move(pkt), Kind::drop, fmt::format("tx chain of {} bytes has no full header", total));
+
+    // The header may be split across descriptors: gather it, once, into our own copy.
+    std::array<uint8_t, vsock_hdr_bytes> raw{};
+    gather(mem, chain, 0, raw);
+    std::memcpy(&pkt.hdr, raw.data(), raw.size());
+    pkt.kind = Kind::ok;
+    const virtio_vsock_hdr& h = pkt.hdr;
+
+    if (h.src_cid != guest_cid)
+        return reject(std::move(pkt), Kind::reset, fmt::format("src_cid {} is not the guest's {}", h.src_cid, guest_cid));
+    if (h.dst_cid != vsock_host_cid)
+        return reject(std::move(pkt), Kind::reset, fmt::format("dst_cid {} is not the host", h.dst_cid));
+    if (h.type != VIRTIO_VSOCK_TYPE_STREAM)
+        return reject(std::move(pkt), Kind::reset, fmt::format("unsupported socket type {}", h.type));
+    if (!known_op(h.op))
+        return reject(std::move(pkt), Kind::reset, fmt::format("unknown op {}", h.op));
+    if (h.len > vsock_max_payload)
+        return reject(std::move(pkt), Kind::reset, fmt::format("len {} exceeds the {}-byte packet cap", h.len, vsock_max_payload));
+    if (h.len > total - vsock_hdr_bytes)
+        return reject(std::move(pkt), Kind::reset,
+                      fmt::format("len {} but only {} payload bytes in the chain", h.len, total - vsock_hdr_bytes));
+    // Only RW carries a payload; other ops' len is ignored, as Linux does.
+    if (h.op == VIRTIO_VSOCK_OP_RW && h.len != 0) {
+        pkt.payload.resize(h.len);
+        gather(mem, chain, vsock_hdr_bytes, pkt.payload);
+    }
+    return pkt;
+}
+
+VirtioVsock::VirtioVsock(VsockBackend& backend, uint64_t guest_cid) : backend_(backend), guest_cid_(guest_cid)
+{
+    if (!valid_guest_cid(guest_cid))
+        throw Error(fmt::format("virtio-vsock: invalid guest CID {} (must be 3..2^32-2)", guest_cid));
+}
+
+uint32_t VirtioVsock::device_type() const
+{
+    return VIRTIO_ID_VSOCK;
+}
+
+void VirtioVsock::read_config(uint64_t offset, std::span<uint8_t> data) const
+{
+    virtio_vsock_config cfg{};
+    cfg.guest_cid = guest_cid_;
+    std::array<uint8_t, sizeof(cfg)> bytes{};
+    std::memcpy(bytes.data(), &cfg, sizeof(cfg));
+    std::fill(data.begin(), data.end(), uint8_t{0});
+    if (offset >= bytes.size())
+        return;
+    const size_t n = std::min<uint64_t>(data.size(), bytes.size() - offset);
+    std::copy_n(bytes.begin() + static_cast<ptrdiff_t>(offset), n, data.begin());
+}
+
+void VirtioVsock::write_config(uint64_t offset, std::span<const uint8_t> data)
+{
+    // guest_cid is read-only for the driver (§5.10.4).
+    guest_warn(warn_, "virtio-vsock: ignoring {}-byte config write at {:#x}", data.size(), offset);
+}
+
+void VirtioVsock::activate(const VirtioContext& ctx)
+{
+    ctx_ = ctx;
+    active_ = true;
+    broken_ = false;
+    restored_ = false;
+}
+
+void VirtioVsock::reset()
+{
+    // The driver is gone, and with it every guest socket. The backend hears about each
+    // connection; this runs on the thread that wrote Status.
+    ctx_ = {};
+    active_ = false;
+    broken_ = false;
+    std::fill(std::begin(used_added_), std::end(used_added_), false);
+    if (restored_) {
+        // The transport's restore() resets the device before re-activating it; the state
+        // restore() just staged is what the guest had, not a driver reset.
+        restored_ = false;
+        return;
+    }
+    control_.clear();
+    event_pending_ = false;
+    auto old = std::move(conns_);
+    conns_.clear();
+    for (const auto& [id, conn] : old)
+        backend_.on_closed(id);
+}
+
+void VirtioVsock::process_queue(size_t index)
+{
+    std::lock_guard lock(mutex());
+    if (index >= queue_count())
+        return;
+    // Whatever the queue: tx brings packets, rx and event bring buffers for what waits.
+    pump();
+}
+
+VirtioVsock::Connection* VirtioVsock::find(VsockConnId id)
+{
+    auto it = conns_.find(id);
+    return it == conns_.end() ? nullptr : &it->second;
+}
+
+const VirtioVsock::Connection* VirtioVsock::find(VsockConnId id) const
+{
+    auto it = conns_.find(id);
+    return it == conns_.end() ? nullptr : &it->second;
+}
+
+void VirtioVsock::pump()
+{
+    if (!active_ || broken_)
+        return;
+    if (pumping_) {
+        // A backend callback called back into the device: the outer pump goes round again.
+        repump_ = true;
+        return;
+    }
+    pumping_ = true;
+    struct Reset {
+        bool& flag;
+        ~Reset() { flag = false; }
+    } reset_pumping{pumping_};
+
+    do {
+        repump_ = false;
+        const bool tx_blocked = drain_tx();
+        deliver_rx();
+        deliver_events();
+        if (broken_)
+            break;
+        // Delivering replies made room: take more tx chains.
+        if (tx_blocked && control_.size() < max_pending_control)
+            repump_ = true;
+    } while (repump_);
+
+    bool notify = false;
+    for (size_t i = 0; i < queue_count(); ++i) {
+        if (!used_added_[i])
+            continue;
+        used_added_[i] = false;
+        // Every queue's should_notify runs: it records what the driver has been told.
+        if (ctx_.queues[i].should_notify(*ctx_.mem))
+            notify = true;
+    }
+    if (notify)
+        ctx_.signal_used();
+}
+
+void VirtioVsock::mark_used(size_t queue, uint16_t head, uint32_t len)
+{
+    ctx_.queues[queue].add_used(*ctx_.mem, head, len);
+    used_added_[queue] = true;
+}
+
+bool VirtioVsock::drain_tx()
+{
+    Virtqueue& queue = ctx_.queues[tx_queue];
+    const GuestMemory& mem = *ctx_.mem;
+    while (control_.size() < max_pending_control) {
+        std::optional<DescriptorChain> chain;
+        try {
+            chain = queue.pop(mem);
+        } catch (const ChainError& e) {
+            guest_warn(warn_, "virtio-vsock: malformed tx chain: {}", e.what());
+            mark_used(tx_queue, e.head(), 0);
+            continue;
+        } catch (const GuestError& e) {
+            guest_warn(warn_, "virtio-vsock: tx queue broken, device needs reset: {}", e.what());
+            broken_ = true;
+            ctx_.needs_reset();
+            return false;
+        }
+        if (!chain)
+            return false;
+        VsockPacket pkt = parse_vsock_packet(*chain, mem, guest_cid_);
+        // The device writes nothing into tx buffers; the chain goes back before we act.
+        mark_used(tx_queue, chain->head, 0);
+        handle_packet(pkt);
+        if (broken_ || !active_)
+            return false;
+    }
+    return true;
+}
+
+void VirtioVsock::handle_packet(const VsockPacket& pkt)
+{
+    const virtio_vsock_hdr& h = pkt.hdr;
+    const VsockConnId id{h.dst_port, h.src_port};
+    switch (pkt.kind) {
+    case VsockPacket::Kind::drop:
+        guest_warn(warn_, "virtio-vsock: dropping tx chain: {}", pkt.error);
+        return;
+    case VsockPacket::Kind::reset: {
+        guest_warn(warn_, "virtio-vsock: resetting {}->{}: {}", h.src_port, h.dst_port, pkt.error);
+        const bool ours = h.src_cid == guest_cid_ && h.dst_cid == vsock_host_cid;
+        if (ours && find(id))
+            drop_connection(id, h.op != VIRTIO_VSOCK_OP_RST, true);
+        else if (h.op != VIRTIO_VSOCK_OP_RST)  // never answer an RST with one
+            queue_control(id, VIRTIO_VSOCK_OP_RST, 0, ours ? vsock_host_cid : h.dst_cid);
+        return;
+    }
+    case VsockPacket::Kind::ok:
+        break;
+    }
+
+    Connection* conn = find(id);
+    if (conn) {
+        // Every packet carries the guest's current credit (§5.10.6.3).
+        conn->s.peer_buf_alloc = h.buf_alloc;
+        conn->s.peer_fwd_cnt = h.fwd_cnt;
+        if (conn->s.state == ConnState::connecting && h.op != VIRTIO_VSOCK_OP_RESPONSE &&
+            h.op != VIRTIO_VSOCK_OP_RST) {
+            guest_warn(warn_, "virtio-vsock: op {} on {}->{} before RESPONSE", h.op, h.src_port, h.dst_port);
+            drop_connection(id, true, true);
+            return;
+        }
+    } else if (h.op != VIRTIO_VSOCK_OP_REQUEST) {
+        // No such connection: RST, unless that is what it is (§5.10.6.4).
+        if (h.op != VIRTIO_VSOCK_OP_RST)
+            queue_control(id, VIRTIO_VSOCK_OP_RST);
+        return;
+    }
+
+    switch (h.op) {
+    case VIRTIO_VSOCK_OP_REQUEST: {
+        if (conn) {
+            guest_warn(warn_, "virtio-vsock: REQUEST for existing connection {}->{}", h.src_port, h.dst_port);
+            drop_connection(id, true, true);
+            return;
+        }
+        if (conns_.size() >= max_connections || !backend_.on_connect_request(id)) {
+            queue_control(id, VIRTIO_VSOCK_OP_RST);
+            return;
+        }
+        Connection fresh;
+        fresh.s.id = id;
+        fresh.s.state = ConnState::established;
+        fresh.s.peer_buf_alloc = h.buf_alloc;
+        fresh.s.peer_fwd_cnt = h.fwd_cnt;
+        if (!conns_.try_emplace(id, std::move(fresh)).second) {
+            // The backend opened the same id from inside its callback; refuse both.
+            drop_connection(id, true, true);
+            return;
+        }
+        queue_control(id, VIRTIO_VSOCK_OP_RESPONSE);
+        return;
+    }
+    case VIRTIO_VSOCK_OP_RESPONSE:
+        if (conn->s.state != ConnState::connecting) {
+            guest_warn(warn_, "virtio-vsock: RESPONSE on established {}->{}", h.src_port, h.dst_port);
+            drop_connection(id, true, true);
+            return;
+        }
+        conn->s.state = ConnState::established;
+        backend_.on_connected(id);
+        return;
+    case VIRTIO_VSOCK_OP_RST:
+        drop_connection(id, false, true);
+        return;
+    case VIRTIO_VSOCK_OP_SHUTDOWN: {
+        const uint32_t flags = h.flags & shutdown_mask;  // unknown bits are ignored
+        conn->s.peer_shutdown |= flags;
+        if (flags & VIRTIO_VSOCK_SHUTDOWN_RCV) {
+            // The guest reads no more: what we hold for it can never be delivered.
+            conn->chunks.clear();
+            conn->front_offset = 0;
+            conn->queued = 0;
+        }
+        const bool both = conn->s.peer_shutdown == shutdown_mask;
+        if (flags != 0)
+            backend_.on_shutdown(id, flags);
+        // Both directions closed: answer RST, as Linux's host side does (the guest's close()
+        // waits for it).
+        if (both && find(id))
+            drop_connection(id, true, true);
+        return;
+    }
+    case VIRTIO_VSOCK_OP_RW:
+        handle_rw(id, *conn, pkt);
+        return;
+    case VIRTIO_VSOCK_OP_CREDIT_UPDATE:
+        return;  // credit recorded above; the pump delivers what it now allows
+    case VIRTIO_VSOCK_OP_CREDIT_REQUEST:
+        queue_credit_update(id, *conn);
+        return;
+    default:
+        return;  // parse_vsock_packet let only known ops through
+    }
+}
+
+void VirtioVsock::handle_rw(VsockConnId id, Connection& conn, const VsockPacket& pkt)
+{
+    ConnectionState& s = conn.s;
+    if (s.peer_shutdown & VIRTIO_VSOCK_SHUTDOWN_SEND) {
+        guest_warn(warn_, "virtio-vsock: data on {}->{} after the guest shut down sending", id.guest_port, id.host_port);
+        drop_connection(id, true, true);
+        return;
+    }
+    const auto len = static_cast<uint32_t>(pkt.payload.size());
+    // The credit we advertised: what the guest may have in flight given the fwd_cnt it saw.
+    const uint32_t used = s.rx_cnt - s.last_sent_fwd_cnt;
+    if (used > conn_buf_alloc || len > conn_buf_alloc - used) {
+        guest_warn(warn_, "virtio-vsock: {}->{} sent {} bytes beyond its credit ({} of {} in use)", id.guest_port,
+                   id.host_port, len, used, conn_buf_alloc);
+        drop_connection(id, true, true);
+        return;
+    }
+    if (len == 0)
+        return;
+    s.rx_cnt += len;
+    size_t taken = len;
+    if (!(s.local_shutdown & VIRTIO_VSOCK_SHUTDOWN_RCV))
+        taken = backend_.on_data(id, pkt.payload);
+    // else: the host reads no more; the bytes are discarded, which frees their credit.
+    Connection* again = find(id);  // the callback may have reset the connection
+    if (!again)
+        return;
+    ConnectionState& now = again->s;
+    now.fwd_cnt += static_cast<uint32_t>(std::min<size_t>(taken, now.rx_cnt - now.fwd_cnt));
+    maybe_credit_update(id, *again);
+}
+
+void VirtioVsock::maybe_credit_update(VsockConnId id, Connection& conn)
+{
+    const ConnectionState& s = conn.s;
+    if (s.fwd_cnt == s.last_sent_fwd_cnt)
+        return;  // nothing freed that the guest does not know about
+    const uint32_t guest_view_used = s.rx_cnt - s.last_sent_fwd_cnt;
+    const uint32_t guest_view_free = guest_view_used >= conn_buf_alloc ? 0 : conn_buf_alloc - guest_view_used;
+    if (guest_view_free < credit_update_threshold)
+        queue_credit_update(id, conn);
+}
+
+void VirtioVsock::queue_credit_update(VsockConnId id, Connection& conn)
+{
+    if (conn.s.credit_update_queued)
+        return;
+    conn.s.credit_update_queued = true;
+    queue_control(id, VIRTIO_VSOCK_OP_CREDIT_UPDATE);
+}
+
+void VirtioVsock::queue_control(VsockConnId id, uint16_t op, uint32_t flags, uint64_t src_cid)
+{
+    control_.push_back({id, op, flags, src_cid});
+}
+
+void VirtioVsock::drop_connection(VsockConnId id, bool rst, bool notify)
+{
+    conns_.erase(id);
+    // Replies still queued for it would name a connection the guest is about to forget.
+    std::erase_if(control_, [&](const ControlState& c) { return c.id == id && c.src_cid == vsock_host_cid; });
+    if (rst)
+        queue_control(id, VIRTIO_VSOCK_OP_RST);
+    if (notify)
+        backend_.on_closed(id);
+}
+
+uint32_t VirtioVsock::peer_credit(const Connection& conn) const
+{
+    // A guest that reports a fwd_cnt ahead of what we sent makes in_flight wrap huge: no credit.
+    const uint32_t in_flight = conn.s.tx_cnt - conn.s.peer_fwd_cnt;
+    return in_flight >= conn.s.peer_buf_alloc ? 0 : conn.s.peer_buf_alloc - in_flight;
+}
+
+bool VirtioVsock::deliverable(const Connection& conn) const
+{
+    const ConnectionState& s = conn.s;
+    if (s.state != ConnState::established)
+        return false;
+    if (conn.queued > 0)
+        return peer_credit(conn) > 0;
+    return s.local_shutdown != 0 && !s.shutdown_sent;
+}
+
+void VirtioVsock::deliver_rx()
+{
+    Virtqueue& queue = ctx_.queues[rx_queue];
+    const GuestMemory& mem = *ctx_.mem;
+    for (;;) {
+        // Pick what goes next before taking a buffer: replies first (a RESPONSE must precede
+        // the connection's data), then connections round robin after the last one served.
+        const bool control = !control_.empty();
+        std::optional<VsockConnId> data_id;
+        if (!control) {
+            auto pick = [&](auto first, auto last) -> std::optional<VsockConnId> {
+                for (auto it = first; it != last; ++it)
+                    if (deliverable(it->second))
+                        return it->first;
+                return std::nullopt;
+            };
+            const auto split = conns_.upper_bound(rr_cursor_);
+            data_id = pick(split, conns_.end());
+            if (!data_id)
+                data_id = pick(conns_.begin(), split);
+            if (!data_id)
+                return;
+        }
+
+        std::optional<DescriptorChain> chain;
+        try {
+            chain = queue.pop(mem);
+        } catch (const ChainError& e) {
+            guest_warn(warn_, "virtio-vsock: malformed rx chain: {}", e.what());
+            mark_used(rx_queue, e.head(), 0);
+            continue;
+        } catch (const GuestError& e) {
+            guest_warn(warn_, "virtio-vsock: rx queue broken, device needs reset: {}", e.what());
+            broken_ = true;
+            ctx_.needs_reset();
+            return;
+        }
+        if (!chain)
+            return;  // the guest has no buffers; the packet waits
+        const uint64_t room = chain_bytes(*chain);
+        // Data needs room for at least one payload byte; control packets are header only.
+        const uint64_t need = vsock_hdr_bytes + (data_id && conns_.at(*data_id).queued > 0 ? 1 : 0);
+        if (!all_writable(*chain, true) || room < need) {
+            guest_warn(warn_, "virtio-vsock: rx chain {} unusable ({} bytes, {})", chain->head, room,
+                       all_writable(*chain, true) ? "too short for a header" : "has a device-readable descriptor");
+            mark_used(rx_queue, chain->head, 0);
+            continue;
+        }
+
+        virtio_vsock_hdr hdr{};
+        hdr.dst_cid = guest_cid_;
+        hdr.type = VIRTIO_VSOCK_TYPE_STREAM;
+        std::vector<uint8_t> payload;
+        std::optional<VsockConnId> space_freed;
+        if (control) {
+            const ControlState c = control_.front();
+            control_.pop_front();
+            hdr.src_cid = c.src_cid;
+            hdr.src_port = c.id.host_port;
+            hdr.dst_port = c.id.guest_port;
+            hdr.op = c.op;
+            hdr.flags = c.flags;
+            Connection* conn = c.src_cid == vsock_host_cid ? find(c.id) : nullptr;
+            if (conn && c.op != VIRTIO_VSOCK_OP_RST) {
+                hdr.buf_alloc = conn_buf_alloc;
+                hdr.fwd_cnt = conn->s.fwd_cnt;
+                conn->s.last_sent_fwd_cnt = conn->s.fwd_cnt;
+                if (c.op == VIRTIO_VSOCK_OP_CREDIT_UPDATE)
+                    conn->s.credit_update_queued = false;
+            }
+        } else {
+            Connection& conn = conns_.at(*data_id);
+            ConnectionState& s = conn.s;
+            rr_cursor_ = *data_id;
+            hdr.src_cid = vsock_host_cid;
+            hdr.src_port = data_id->host_port;
+            hdr.dst_port = data_id->guest_port;
+            hdr.buf_alloc = conn_buf_alloc;
+            hdr.fwd_cnt = s.fwd_cnt;
+            s.last_sent_fwd_cnt = s.fwd_cnt;
+            if (conn.queued > 0) {
+                const uint64_t n = std::min<uint64_t>({conn.queued, peer_credit(conn), vsock_max_payload,
+                                                       room - vsock_hdr_bytes});
+                payload.resize(n);
+                size_t done = 0;
+                while (done < n) {
+                    auto& front = conn.chunks.front();
+                    const size_t take = std::min(front.size() - conn.front_offset, n - done);
+                    std::copy_n(front.begin() + static_cast<ptrdiff_t>(conn.front_offset), take,
+                                payload.begin() + static_cast<ptrdiff_t>(done));
+                    done += take;
+                    conn.front_offset += take;
+                    if (conn.front_offset == front.size()) {
+                        conn.chunks.pop_front();
+                        conn.front_offset = 0;
+                    }
+                }
+                conn.queued -= n;
+                s.tx_cnt += static_cast<uint32_t>(n);
+                hdr.op = VIRTIO_VSOCK_OP_RW;
+                hdr.len = static_cast<uint32_t>(n);
+                if (s.send_blocked && conn.queued <= send_queue_cap / 2) {
+                    s.send_blocked = false;
+                    space_freed = *data_id;
+                }
+            } else {
+                hdr.op = VIRTIO_VSOCK_OP_SHUTDOWN;
+                hdr.flags = s.local_shutdown;
+                s.shutdown_sent = true;
+            }
+        }
+
+        std::array<uint8_t, vsock_hdr_bytes> raw{};
+        std::memcpy(raw.data(), &hdr, raw.size());
+        uint64_t written = scatter(mem, *chain, 0, raw);
+        written += scatter(mem, *chain, vsock_hdr_bytes, payload);
+        mark_used(rx_queue, chain->head, static_cast<uint32_t>(written));
+        if (space_freed)
+            backend_.on_send_space(*space_freed);
+    }
+}
+
+void VirtioVsock::deliver_events()
+{
+    Virtqueue& queue = ctx_.queues[event_queue];
+    const GuestMemory& mem = *ctx_.mem;
+    while (event_pending_) {
+        std::optional<DescriptorChain> chain;
+        try {
+            chain = queue.pop(mem);
+        } catch (const ChainError& e) {
+            guest_warn(warn_, "virtio-vsock: malformed event chain: {}", e.what());
+            mark_used(event_queue, e.head(), 0);
+            continue;
+        } catch (const GuestError& e) {
+            guest_warn(warn_, "virtio-vsock: event queue broken, device needs reset: {}", e.what());
+            broken_ = true;
+            ctx_.needs_reset();
+            return;
+        }
+        if (!chain)
+            return;
+        virtio_vsock_event ev{};
+        ev.id = VIRTIO_VSOCK_EVENT_TRANSPORT_RESET;
+        if (!all_writable(*chain, true) || chain_bytes(*chain) < sizeof(ev)) {
+            guest_warn(warn_, "virtio-vsock: event chain {} unusable", chain->head);
+            mark_used(event_queue, chain->head, 0);
+            continue;
+        }
+        std::array<uint8_t, sizeof(ev)> raw{};
+        std::memcpy(raw.data(), &ev, raw.size());
+        mark_used(event_queue, chain->head, static_cast<uint32_t>(scatter(mem, *chain, 0, raw)));
+        event_pending_ = false;
+    }
+}
+
+// --- host side ---------------------------------------------------------------------------
+
+bool VirtioVsock::connect(VsockConnId id)
+{
+    std::lock_guard lock(mutex());
+    if (!active_ || broken_ || conns_.size() >= max_connections || find(id))
+        return false;
+    Connection conn;
+    conn.s.id = id;
+    conn.s.state = ConnState::connecting;
+    conns_.emplace(id, std::move(conn));
+    queue_control(id, VIRTIO_VSOCK_OP_REQUEST);
+    pump();
+    return true;
+}
+
+size_t VirtioVsock::send_budget(VsockConnId id) const
+{
+    std::lock_guard lock(mutex());
+    const Connection* conn = find(id);
+    if (!conn || (conn->s.local_shutdown & VIRTIO_VSOCK_SHUTDOWN_SEND) ||
+        (conn->s.peer_shutdown & VIRTIO_VSOCK_SHUTDOWN_RCV))
+        return 0;
+    return send_queue_cap - conn->queued;
+}
+
+size_t VirtioVsock::send(VsockConnId id, std::span<const uint8_t> data)
+{
+    std::lock_guard lock(mutex());
+    const size_t n = std::min(data.size(), send_budget(id));
+    Connection* conn = find(id);
+    if (!conn)
+        return 0;
+    if (n < data.size() || conn->queued + n == send_queue_cap)
+        conn->s.send_blocked = true;
+    if (n == 0)
+        return 0;
+    // Small sends share a chunk, so per-chunk overhead stays small next to the byte cap.
+    if (!conn->chunks.empty() && conn->chunks.back().size() + n <= vsock_max_payload)
+        conn->chunks.back().insert(conn->chunks.back().end(), data.begin(), data.begin() + static_cast<ptrdiff_t>(n));
+    else
+        conn->chunks.emplace_back(data.begin(), data.begin() + static_cast<ptrdiff_t>(n));
+    conn->queued += n;
+    pump();
+    return n;
+}
+
+void VirtioVsock::consumed(VsockConnId id, size_t bytes)
+{
+    std::lock_guard lock(mutex());
+    Connection* conn = find(id);
+    if (!conn)
+        return;
+    ConnectionState& s = conn->s;
+    s.fwd_cnt += static_cast<uint32_t>(std::min<size_t>(bytes, s.rx_cnt - s.fwd_cnt));
+    maybe_credit_update(id, *conn);
+    pump();
+}
+
+void VirtioVsock::shutdown(VsockConnId id, uint32_t flags)
+{
+    std::lock_guard lock(mutex());
+    Connection* conn = find(id);
+    flags &= shutdown_mask;
+    if (!conn || flags == 0 || (conn->s.local_shutdown | flags) == conn->s.local_shutdown)
+        return;
+    if (conn->s.state == ConnState::connecting) {
+        // Nothing to half-close yet: give up on the connection.
+        drop_connection(id, true, false);
+    } else {
+        conn->s.local_shutdown |= flags;
+        conn->s.shutdown_sent = false;
+    }
+    pump();
+}
+
+void VirtioVsock::reset(VsockConnId id)
+{
+    std::lock_guard lock(mutex());
+    if (!find(id))
+        return;
+    drop_connection(id, true, false);
+    pump();
+}
+
+void VirtioVsock::send_transport_reset()
+{
+    std::lock_guard lock(mutex());
+    event_pending_ = true;
+    control_.clear();
+    auto old = std::move(conns_);
+    conns_.clear();
+    for (const auto& [id, conn] : old)
+        backend_.on_closed(id);
+    pump();
+}
+
+bool VirtioVsock::has_connection(VsockConnId id) const
+{
+    std::lock_guard lock(mutex());
+    return find(id) != nullptr;
+}
+
+size_t VirtioVsock::connection_count() const
+{
+    std::lock_guard lock(mutex());
+    return conns_.size();
+}
+
+// --- snapshot ----------------------------------------------------------------------------
+
+VirtioVsock::State VirtioVsock::save() const
+{
+    std::lock_guard lock(mutex());
+    State st;
+    st.guest_cid = guest_cid_;
+    st.event_pending = event_pending_;
+    for (const auto& [id, conn] : conns_) {
+        ConnectionState cs = conn.s;
+        cs.pending.clear();
+        cs.pending.reserve(conn.queued);
+        size_t offset = conn.front_offset;
+        for (const auto& chunk : conn.chunks) {
+            cs.pending.insert(cs.pending.end(), chunk.begin() + static_cast<ptrdiff_t>(offset), chunk.end());
+            offset = 0;
+        }
+        st.connections.push_back(std::move(cs));
+    }
+    st.control.assign(control_.begin(), control_.end());
+    return st;
+}
+
+void VirtioVsock::restore(const State& state)
+{
+    std::lock_guard lock(mutex());
+    auto fail = [](const std::string& why) { throw Error("virtio-vsock: cannot restore: " + why); };
+    if (!valid_guest_cid(state.guest_cid))
+        fail(fmt::format("invalid guest CID {}", state.guest_cid));
+    if (state.connections.size() > max_connections)
+        fail(fmt::format("{} connections, at most {}", state.connections.size(), max_connections));
+    if (state.control.size() > max_pending_control + max_connections)
+        fail(fmt::format("{} queued replies", state.control.size()));
+    for (size_t i = 0; i < state.connections.size(); ++i) {
+        const ConnectionState& c = state.connections[i];
+        const auto where = fmt::format("connection {}:{}", c.id.host_port, c.id.guest_port);
+        if (i > 0 && !(state.connections[i - 1].id < c.id))
+            fail(where + " out of order or duplicated");
+        if (c.state != ConnState::connecting && c.state != ConnState::established)
+            fail(where + ": bad state");
+        if ((c.local_shutdown | c.peer_shutdown) & ~shutdown_mask)
+            fail(where + ": bad shutdown flags");
+        if (c.pending.size() > send_queue_cap)
+            fail(where + ": send queue over its cap");
+        // last_sent_fwd_cnt <= fwd_cnt <= rx_cnt, modulo 2^32, within one buffer.
+        if (c.rx_cnt - c.last_sent_fwd_cnt > conn_buf_alloc || c.fwd_cnt - c.last_sent_fwd_cnt > c.rx_cnt - c.last_sent_fwd_cnt)
+            fail(where + ": receive counters inconsistent");
+        const bool update_queued = std::any_of(state.control.begin(), state.control.end(), [&](const ControlState& q) {
+            return q.id == c.id && q.op == VIRTIO_VSOCK_OP_CREDIT_UPDATE;
+        });
+        if (update_queued != c.credit_update_queued)
+            fail(where + ": credit update flag does not match the reply queue");
+    }
+    for (const auto& q : state.control) {
+        if (!known_op(q.op) || (q.flags & ~shutdown_mask) != 0)
+            fail(fmt::format("bad queued reply op {} flags {:#x}", q.op, q.flags));
+        if (q.src_cid != vsock_host_cid && q.op != VIRTIO_VSOCK_OP_RST)
+            fail(fmt::format("queued op {} from CID {}", q.op, q.src_cid));
+    }
+
+    guest_cid_ = state.guest_cid;
+    event_pending_ = state.event_pending;
+    control_.assign(state.control.begin(), state.control.end());
+    conns_.clear();
+    for (const auto& c : state.connections) {
+        Connection conn;
+        conn.s = c;
+        conn.s.pending.clear();
+        conn.queued = c.pending.size();
+        if (!c.pending.empty())
+            conn.chunks.push_back(c.pending);
+        conns_.emplace(c.id, std::move(conn));
+    }
+    rr_cursor_ = {};
+    restored_ = true;
+}
+
+} // namespace agentvm
