@@ -62,6 +62,7 @@ Exit decode_exit(kvm_run& run, size_t run_size)
             return FailedExit{fmt::format("KVM reported a port I/O exit with an impossible layout "
                                           "(size {}, count {}, offset {})",
                                           run.io.size, run.io.count, run.io.data_offset)};
+        // SAFETY: offset and size * count were checked against the kvm_run mapping above.
         auto* base = reinterpret_cast<uint8_t*>(&run) + run.io.data_offset;
         return PioExit{run.io.port, run.io.size, run.io.count,
                        run.io.direction == KVM_EXIT_IO_OUT, {base, static_cast<size_t>(bytes)}};
