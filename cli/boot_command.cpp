@@ -6,6 +6,7 @@
 
 #include <array>
 #include <memory>
+#include <optional>
 
 #include <spdlog/spdlog.h>
 
@@ -59,14 +60,23 @@ void forward_stdin(Vm& vm)
 
 int run_boot(VmOptions& options)
 {
+    // The user's own mistakes are named first, then the host's, and the console file is
+    // created only once nothing else can fail before the VM exists.
+    VmConfig config = options.resolve();
     const HostKvm host = detect_host_kvm();
     if (host != HostKvm::hardware)
         throw Error(host_kvm_problem(host));
-
     Kvm kvm;
-    const VmConfig config = options.resolve();
     Fd signals = block_stop_signals();
-    Vm vm(kvm, config);
+    config.console_fd = options.open_console();
+    std::optional<Vm> built;
+    try {
+        built.emplace(kvm, config);
+    } catch (...) {
+        options.discard_console();
+        throw;
+    }
+    Vm& vm = *built;
     int stop_signal = 0;
     vm.event_loop().watch_readable(signals.get(), [&] {
         signalfd_siginfo info{};

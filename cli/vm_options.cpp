@@ -78,17 +78,34 @@ VmConfig VmOptions::resolve()
     config.extra_cmdline = cmdline_;
     config.init_cmd = init_cmd_;
 
-    if (console_ == "-") {
-        config.console_fd = STDERR_FILENO;
-    } else {
-        console_fd_ = Fd(::open(console_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
-        if (!console_fd_)
-            throw_errno(fmt::format("cannot open console file '{}' (--console)", console_));
-        config.console_fd = console_fd_.get();
+    if (console_ != "-") {
+        const auto dir = std::filesystem::path(console_).parent_path();
+        const std::string where = dir.empty() ? "." : dir.string();
+        if (::access(where.c_str(), W_OK) != 0)
+            throw_errno(fmt::format("cannot write console file '{}' (--console) in '{}'", console_, where));
     }
     const char* tmpdir = std::getenv("TMPDIR");
     config.overlay_dir = tmpdir && *tmpdir ? tmpdir : "/var/tmp";
     return config;
+}
+
+int VmOptions::open_console()
+{
+    if (console_ == "-")
+        return STDERR_FILENO;
+    struct stat st {};
+    console_created_ = ::stat(console_.c_str(), &st) != 0;
+    console_fd_ = Fd(::open(console_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+    if (!console_fd_)
+        throw_errno(fmt::format("cannot open console file '{}' (--console)", console_));
+    return console_fd_.get();
+}
+
+void VmOptions::discard_console()
+{
+    console_fd_.reset();
+    if (console_created_)
+        ::unlink(console_.c_str());
 }
 
 } // namespace agentvm

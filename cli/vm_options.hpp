@@ -17,8 +17,13 @@ class VmOptions {
 public:
     void add_to(CLI::App& command);
 
-    // Checks files, sizes and counts against this host; opens the console. Throws Error.
+    // Checks files, sizes and counts against this host. Throws Error. The console is left
+    // unset: it is opened last, once nothing else can fail first.
     VmConfig resolve();
+    // Opens --console (a file, or stderr for "-") and returns the fd to write the console to.
+    int open_console();
+    // Removes the console file again if open_console() created it and the VM never ran.
+    void discard_console();
 
 private:
     std::string kernel_;
@@ -29,6 +34,7 @@ private:
     std::optional<std::string> init_cmd_;
     std::string console_ = "-";
     Fd console_fd_;
+    bool console_created_ = false;
 };
 
 // Where set-up puts the default guest: <directory of the agentvm binary>/guest/.

@@ -3,6 +3,8 @@
 
 #include <unistd.h>
 
+#include <filesystem>
+
 #include "tests/vm/vm_test.hpp"
 
 using namespace agentvm::test;
@@ -32,6 +34,16 @@ TEST_CASE("memory and CPU counts out of range")
     check_refused(run_agentvm({"boot", "--mem", "100000000"}), 1, "--mem 100000000 MiB is out of range");
     check_refused(run_agentvm({"boot", "--cpus", "0"}), 1, "--cpus 0 is out of range");
     check_refused(run_agentvm({"boot", "--cpus", "100000"}), 1, "--cpus 100000 is out of range");
+}
+
+TEST_CASE("an unusable console path is named, and a VM that is never built leaves no console file")
+{
+    check_refused(run_agentvm({"boot", "--console", "/nonexistent/dir/console.log"}), 1,
+                  "/nonexistent/dir/console.log");
+    const std::string console = std::string(VM_TEST_DIR) + "/console-never-built.log";
+    std::filesystem::remove(console);
+    check_refused(run_agentvm({"boot", "--mem", "8", "--console", console}), 1, "too small for kernel");
+    CHECK_FALSE(std::filesystem::exists(console));
 }
 
 TEST_CASE("bad flags are usage errors")
