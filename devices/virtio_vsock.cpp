@@ -8,6 +8,7 @@
 #include <cstring>
 #include <fmt/format.h>
 #include <mutex>
+#include <optional>
 
 namespace agentvm {
 

@@ -1,12 +1,10 @@
 #include "vmm/vm.hpp"
 
 #include <pthread.h>
-#include <sys/eventfd.h>
 #include <sys/ioctl.h>
 #include <unistd.h>
 
 #include <csignal>
-#include <linux/virtio_mmio.h>
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
@@ -14,12 +12,12 @@
 #include "devices/cow_disk.hpp"
 #include "devices/serial.hpp"
 #include "devices/virtio_blk.hpp"
-#include "devices/virtio_mmio.hpp"
 #include "vmm/boot.hpp"
 #include "vmm/cpuid.hpp"
 #include "vmm/error.hpp"
 #include "vmm/layout.hpp"
 #include "vmm/mptable.hpp"
+#include "vmm/virtio_slot.hpp"
 
 namespace agentvm {
 namespace {
@@ -52,14 +50,6 @@ void vm_ioctl(int fd, unsigned long request, const void* arg, const char* what)
 {
     if (::ioctl(fd, request, arg) < 0)
         throw_errno(what);
-}
-
-Fd make_eventfd(const char* what)
-{
-    Fd fd(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
-    if (!fd)
-        throw_errno(what);
-    return fd;
 }
 
 } // namespace
@@ -134,51 +124,10 @@ void Vm::add_serial(int console_fd)
 
 std::string Vm::add_root_disk(const std::string& path, const std::string& overlay_dir)
 {
-    const uint64_t base = layout::virtio_mmio_base;
-    const uint32_t irq = layout::first_virtio_irq;
-
     blk_ = std::make_unique<VirtioBlk>(CowDisk(path, overlay_dir), loop_, "agentvm-root");
-
-    // Interrupts go through an irqfd and queue notifications through an ioeventfd, so neither
-    // costs a trip through this process's vCPU thread.
-    blk_irqfd_ = make_eventfd("eventfd for the disk interrupt");
-    kvm_irqfd irqfd{};
-    irqfd.fd = static_cast<uint32_t>(blk_irqfd_.get());
-    irqfd.gsi = irq;
-    vm_ioctl(vm_.get(), KVM_IRQFD, &irqfd, "KVM_IRQFD for the disk");
-
-    blk_notify_fd_ = make_eventfd("eventfd for disk queue notifications");
-    const int irq_fd = blk_irqfd_.get();
-    const int notify_fd = blk_notify_fd_.get();
-    blk_transport_ = std::make_unique<VirtioMmioTransport>(
-        mem_, *blk_,
-        [irq_fd] {
-            const uint64_t one = 1;
-            if (::write(irq_fd, &one, sizeof(one)) < 0)
-                SPDLOG_WARN("signalling the disk interrupt failed: {}", strerror(errno));
-        },
-        [notify_fd](uint16_t) {
-            // A notify that reached us instead of the ioeventfd: hand it to the I/O thread.
-            const uint64_t one = 1;
-            if (::write(notify_fd, &one, sizeof(one)) < 0)
-                SPDLOG_WARN("forwarding a disk notification failed: {}", strerror(errno));
-        });
-    mmio_.insert(base, layout::virtio_mmio_size, *blk_transport_);
-
-    kvm_ioeventfd ioevent{};
-    ioevent.addr = base + VIRTIO_MMIO_QUEUE_NOTIFY;
-    ioevent.len = 4;
-    ioevent.datamatch = 0;
-    ioevent.fd = notify_fd;
-    ioevent.flags = KVM_IOEVENTFD_FLAG_DATAMATCH;
-    vm_ioctl(vm_.get(), KVM_IOEVENTFD, &ioevent, "KVM_IOEVENTFD for the disk queue");
-
-    loop_.watch_readable(notify_fd, [this, notify_fd] {
-        uint64_t count = 0;
-        if (::read(notify_fd, &count, sizeof(count)) == sizeof(count))
-            blk_transport_->notify_queue(0);
-    });
-    return virtio_mmio_cmdline_param(base, layout::virtio_mmio_size, irq);
+    blk_slot_ = std::make_unique<VirtioSlot>(vm_.get(), mem_, loop_, mmio_, *blk_,
+                                             layout::virtio_mmio_base, layout::first_virtio_irq);
+    return blk_slot_->cmdline_param();
 }
 
 void Vm::create_vcpus(const LoadedKernel& kernel)

@@ -25,7 +25,7 @@ namespace agentvm {
 
 class SerialDevice;
 class VirtioBlk;
-class VirtioMmioTransport;
+class VirtioSlot;
 
 enum class VmOutcome {
     powered_off,  // the guest rebooted or powered off
@@ -82,9 +82,7 @@ private:
     EventLoop loop_;
     std::unique_ptr<SerialDevice> serial_;
     std::unique_ptr<VirtioBlk> blk_;
-    std::unique_ptr<VirtioMmioTransport> blk_transport_;
-    Fd blk_irqfd_;
-    Fd blk_notify_fd_;
+    std::unique_ptr<VirtioSlot> blk_slot_;  // after blk_: its transport refers to the device
     std::string cmdline_;
     std::vector<std::unique_ptr<Vcpu>> vcpus_;
     std::vector<std::thread> threads_;

@@ -1,0 +1,15 @@
+// Standard base64 (RFC 4648 section 4, with padding): how the protocol carries bytes that
+// are not valid UTF-8.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <string_view>
+
+namespace agentvm {
+
+std::string base64_encode(std::string_view bytes);
+// nullopt unless `text` is canonical padded base64 (no whitespace, length a multiple of 4).
+std::optional<std::string> base64_decode(std::string_view text);
+
+} // namespace agentvm

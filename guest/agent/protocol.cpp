@@ -1,0 +1,218 @@
+#include "guest/agent/protocol.hpp"
+
+#include <cmath>
+#include <cstdio>
+
+#include "guest/agent/base64.hpp"
+#include "guest/agent/utf8.hpp"
+
+namespace agentvm {
+
+namespace {
+
+[[noreturn]] void bad_field(const std::string& name, const std::string& why)
+{
+    throw CallError("bad_field", "\"" + name + "\" " + why);
+}
+
+const Json& require(const Json& object, const std::string& name)
+{
+    auto it = object.find(name);
+    if (it == object.end())
+        throw CallError("missing_field", "missing \"" + name + "\"");
+    return *it;
+}
+
+std::string require_string(const Json& object, const std::string& name)
+{
+    const Json& value = require(object, name);
+    if (!value.is_string())
+        bad_field(name, "must be a string");
+    return value.get<std::string>();
+}
+
+std::optional<std::string> optional_string(const Json& object, const std::string& name)
+{
+    auto it = object.find(name);
+    if (it == object.end() || it->is_null())
+        return std::nullopt;
+    if (!it->is_string())
+        bad_field(name, "must be a string");
+    return it->get<std::string>();
+}
+
+bool optional_bool(const Json& object, const std::string& name)
+{
+    auto it = object.find(name);
+    if (it == object.end() || it->is_null())
+        return false;
+    if (!it->is_boolean())
+        bad_field(name, "must be true or false");
+    return it->get<bool>();
+}
+
+ExecRequest parse_exec(const Json& object)
+{
+    ExecRequest exec;
+    const Json& argv = require(object, "argv");
+    if (!argv.is_array() || argv.empty())
+        bad_field("argv", "must be a non-empty array of strings");
+    for (const Json& arg : argv) {
+        if (!arg.is_string())
+            bad_field("argv", "must be a non-empty array of strings");
+        exec.argv.push_back(arg.get<std::string>());
+    }
+    // execve takes NUL-terminated strings: an embedded NUL would silently cut the word.
+    for (const std::string& arg : exec.argv)
+        if (arg.find('\0') != std::string::npos)
+            bad_field("argv", "must not contain NUL");
+    if (exec.argv[0].empty())
+        bad_field("argv", "must not start with an empty string");
+
+    if (auto env = object.find("env"); env != object.end() && !env->is_null()) {
+        if (!env->is_object())
+            bad_field("env", "must be an object of strings");
+        for (const auto& [key, value] : env->items()) {
+            if (!value.is_string() || key.empty() || key.find('=') != std::string::npos
+                || key.find('\0') != std::string::npos
+                || value.get_ref<const std::string&>().find('\0') != std::string::npos)
+                bad_field("env", "must map names (no '=' or NUL) to strings");
+            exec.env[key] = value.get<std::string>();
+        }
+    }
+    exec.cwd = optional_string(object, "cwd");
+    exec.stdin_data = get_bytes(object, "stdin");
+    if (auto timeout = object.find("timeout"); timeout != object.end() && !timeout->is_null()) {
+        if (!timeout->is_number() || !std::isfinite(timeout->get<double>())
+            || timeout->get<double>() <= 0)
+            bad_field("timeout", "must be a positive number of seconds");
+        exec.timeout_s = timeout->get<double>();
+    }
+    if (auto max = object.find("max_output"); max != object.end() && !max->is_null()) {
+        if (!max->is_number_unsigned())
+            bad_field("max_output", "must be a non-negative integer");
+        exec.max_output = max->get<uint64_t>();
+    }
+    exec.stream = optional_bool(object, "stream");
+    return exec;
+}
+
+WriteFileRequest parse_write_file(const Json& object)
+{
+    WriteFileRequest write;
+    write.path = require_string(object, "path");
+    std::optional<std::string> data = get_bytes(object, "data");
+    if (!data)
+        throw CallError("missing_field", "missing \"data\" or \"data_b64\"");
+    write.data = std::move(*data);
+    if (std::optional<std::string> mode = optional_string(object, "mode"))
+        write.mode = parse_mode(*mode);
+    write.append = optional_bool(object, "append");
+    return write;
+}
+
+} // namespace
+
+Request parse_request(std::string_view line)
+{
+    Json object;
+    try {
+        object = Json::parse(line);
+    } catch (const Json::parse_error& e) {
+        throw RequestError{nullptr, CallError("bad_json", e.what())};
+    }
+    if (!object.is_object())
+        throw RequestError{nullptr, CallError("bad_json", "a request must be a JSON object")};
+
+    Request request;
+    auto id = object.find("id");
+    if (id == object.end())
+        throw RequestError{nullptr, CallError("missing_field", "missing \"id\"")};
+    if (!id->is_string() && !id->is_number())
+        throw RequestError{nullptr, CallError("bad_field", "\"id\" must be a string or a number")};
+    request.id = *id;
+
+    try {
+        const std::string op = require_string(object, "op");
+        if (op == "exec")
+            request.op = parse_exec(object);
+        else if (op == "write_file")
+            request.op = parse_write_file(object);
+        else if (op == "read_file")
+            request.op = ReadFileRequest{require_string(object, "path")};
+        else if (op == "close")
+            request.op = CloseRequest{};
+        else
+            throw CallError("unknown_op", "unknown op \"" + op + "\"");
+    } catch (CallError& e) {
+        throw RequestError{request.id, std::move(e)};
+    }
+    return request;
+}
+
+void put_bytes(Json& object, const std::string& name, std::string_view bytes)
+{
+    if (is_valid_utf8(bytes))
+        object[name] = std::string(bytes);
+    else
+        object[name + "_b64"] = base64_encode(bytes);
+}
+
+std::optional<std::string> get_bytes(const Json& object, const std::string& name)
+{
+    const std::string b64_name = name + "_b64";
+    auto plain = object.find(name);
+    auto b64 = object.find(b64_name);
+    const bool has_plain = plain != object.end() && !plain->is_null();
+    const bool has_b64 = b64 != object.end() && !b64->is_null();
+    if (has_plain && has_b64)
+        bad_field(name, "and \"" + b64_name + "\" are exclusive");
+    if (has_plain) {
+        if (!plain->is_string())
+            bad_field(name, "must be a string");
+        return plain->get<std::string>();
+    }
+    if (has_b64) {
+        if (!b64->is_string())
+            bad_field(b64_name, "must be a base64 string");
+        std::optional<std::string> bytes = base64_decode(b64->get_ref<const std::string&>());
+        if (!bytes)
+            bad_field(b64_name, "is not valid base64");
+        return bytes;
+    }
+    return std::nullopt;
+}
+
+uint32_t parse_mode(const std::string& text)
+{
+    if (text.empty() || text.size() > 4)
+        bad_field("mode", "must be 1-4 octal digits such as \"0644\"");
+    uint32_t mode = 0;
+    for (char c : text) {
+        if (c < '0' || c > '7')
+            bad_field("mode", "must be 1-4 octal digits such as \"0644\"");
+        mode = mode * 8 + static_cast<uint32_t>(c - '0');
+    }
+    return mode;
+}
+
+std::string format_mode(uint32_t mode)
+{
+    char text[8];
+    std::snprintf(text, sizeof(text), "%04o", mode & 07777);
+    return text;
+}
+
+Json error_response(const Json& id, const std::string& code, const std::string& message)
+{
+    return Json{{"id", id}, {"error", {{"code", code}, {"message", message}}}};
+}
+
+std::string to_line(const Json& message)
+{
+    std::string line = message.dump(-1, ' ', false, Json::error_handler_t::replace);
+    line += '\n';
+    return line;
+}
+
+} // namespace agentvm

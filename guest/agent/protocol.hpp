@@ -1,0 +1,92 @@
+// The agent's wire protocol (docs/protocol.md): parsing one request line into a typed
+// request, and building the response lines. Pure: no I/O, so the unit tests drive it with
+// malformed input directly.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace agentvm {
+
+using Json = nlohmann::json;
+
+// Longest request line accepted; longer ones are answered with line_too_long.
+constexpr size_t max_line_bytes = size_t{64} << 20;
+constexpr uint64_t default_max_output = uint64_t{16} << 20;
+constexpr size_t read_chunk_bytes = size_t{1} << 20;
+
+// A failed call: becomes {"id":…, "error":{"code":…, "message":…}} and the connection goes on.
+class CallError : public std::runtime_error {
+public:
+    CallError(std::string code, const std::string& message)
+        : std::runtime_error(message), code_(std::move(code))
+    {
+    }
+    const std::string& code() const { return code_; }
+
+private:
+    std::string code_;
+};
+
+struct ExecRequest {
+    std::vector<std::string> argv;
+    std::map<std::string, std::string> env;
+    std::optional<std::string> cwd;
+    std::optional<std::string> stdin_data;
+    std::optional<double> timeout_s;
+    uint64_t max_output = default_max_output;
+    bool stream = false;
+};
+
+struct WriteFileRequest {
+    std::string path;
+    std::string data;
+    std::optional<uint32_t> mode;
+    bool append = false;
+};
+
+struct ReadFileRequest {
+    std::string path;
+};
+
+struct CloseRequest {};
+
+struct Request {
+    Json id;
+    std::variant<ExecRequest, WriteFileRequest, ReadFileRequest, CloseRequest> op;
+};
+
+// A line that cannot become a Request: the error plus whatever id could be recovered
+// (null when the line is not even a JSON object with an id).
+struct RequestError {
+    Json id;
+    CallError error;
+};
+
+// Throws RequestError.
+Request parse_request(std::string_view line);
+
+// The binary-safety rule: `name` when the bytes are valid UTF-8, `name_b64` otherwise.
+void put_bytes(Json& object, const std::string& name, std::string_view bytes);
+// Reads `name` or `name_b64`; nullopt when neither is present. Throws CallError
+// (bad_field) when both are, or the value is not a string or not valid base64.
+std::optional<std::string> get_bytes(const Json& object, const std::string& name);
+
+// "0644" <-> 0644; throws CallError(bad_field) for anything but 1-4 octal digits.
+uint32_t parse_mode(const std::string& text);
+std::string format_mode(uint32_t mode);
+
+Json error_response(const Json& id, const std::string& code, const std::string& message);
+// One protocol line: compact JSON and '\n'. Never throws on odd bytes in strings (they
+// become U+FFFD); byte-carrying fields have already gone through put_bytes.
+std::string to_line(const Json& message);
+
+} // namespace agentvm
