@@ -7,11 +7,15 @@
 // threads, queue processing and completions on the event-loop thread never interleave.
 #pragma once
 
+#include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <mutex>
 #include <span>
+#include <type_traits>
 #include <utility>
 
 #include <fmt/format.h>
@@ -113,6 +117,21 @@ void guest_warn(WarnLimiter& limiter, fmt::format_string<Args...> format, Args&&
         spdlog::warn("{} ({} similar warnings suppressed)", message, suppressed);
     else
         spdlog::warn("{}", message);
+}
+
+// Serves a driver's read of `out.size()` bytes at `offset` in a device's config space: the
+// part inside the struct is copied, anything past its end reads as zero.
+template <typename Config>
+void read_config_struct(const Config& config, uint64_t offset, std::span<uint8_t> out)
+{
+    static_assert(std::is_trivially_copyable_v<Config>);
+    std::array<uint8_t, sizeof(Config)> bytes{};
+    std::memcpy(bytes.data(), &config, sizeof(Config));
+    std::fill(out.begin(), out.end(), uint8_t{0});
+    if (offset >= bytes.size())
+        return;
+    const size_t n = std::min<uint64_t>(out.size(), bytes.size() - offset);
+    std::copy_n(bytes.begin() + static_cast<ptrdiff_t>(offset), n, out.begin());
 }
 
 } // namespace agentvm

@@ -145,13 +145,7 @@ void VirtioVsock::read_config(uint64_t offset, std::span<uint8_t> data) const
 {
     virtio_vsock_config cfg{};
     cfg.guest_cid = guest_cid_;
-    std::array<uint8_t, sizeof(cfg)> bytes{};
-    std::memcpy(bytes.data(), &cfg, sizeof(cfg));
-    std::fill(data.begin(), data.end(), uint8_t{0});
-    if (offset >= bytes.size())
-        return;
-    const size_t n = std::min<uint64_t>(data.size(), bytes.size() - offset);
-    std::copy_n(bytes.begin() + static_cast<ptrdiff_t>(offset), n, data.begin());
+    read_config_struct(cfg, offset, data);
 }
 
 void VirtioVsock::write_config(uint64_t offset, std::span<const uint8_t> data)

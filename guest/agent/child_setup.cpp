@@ -1,0 +1,106 @@
+#include "guest/agent/child_setup.hpp"
+
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <map>
+
+namespace agentvm {
+
+namespace {
+
+constexpr char default_path[] = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+bool is_executable_file(const std::string& path)
+{
+    struct stat st;
+    return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) && ::access(path.c_str(), X_OK) == 0;
+}
+
+std::string resolve(const std::string& name, const std::string& search_path)
+{
+    if (name.find('/') != std::string::npos)
+        return name; // relative to the call's cwd, which only the child has
+    size_t begin = 0;
+    for (;;) {
+        const size_t end = search_path.find(':', begin);
+        std::string dir = search_path.substr(begin, end == std::string::npos ? end : end - begin);
+        if (dir.empty())
+            dir = ".";
+        const std::string candidate = dir + "/" + name;
+        if (is_executable_file(candidate))
+            return candidate;
+        if (end == std::string::npos)
+            throw CallError("not_found", name + ": command not found in PATH");
+        begin = end + 1;
+    }
+}
+
+void write_failure(int fd, int stage)
+{
+    const ChildFailure failure{stage, errno};
+    // Nothing to do if even this fails: the parent then sees exit status 127.
+    [[maybe_unused]] ssize_t n = ::write(fd, &failure, sizeof(failure));
+}
+
+} // namespace
+
+ChildPlan plan_child(const ExecRequest& request)
+{
+    std::map<std::string, std::string> env;
+    for (char** entry = environ; *entry; ++entry) {
+        const std::string_view text(*entry);
+        const size_t eq = text.find('=');
+        if (eq != std::string_view::npos)
+            env.emplace(std::string(text.substr(0, eq)), std::string(text.substr(eq + 1)));
+    }
+    for (const auto& [name, value] : request.env)
+        env[name] = value;
+
+    ChildPlan plan;
+    auto path_var = env.find("PATH");
+    plan.path = resolve(request.argv[0], path_var == env.end() ? default_path : path_var->second);
+    plan.argv = request.argv;
+    for (const auto& [name, value] : env)
+        plan.env.push_back(name + "=" + value);
+    plan.cwd = request.cwd.value_or("");
+    for (std::string& arg : plan.argv)
+        plan.c_argv.push_back(arg.data());
+    plan.c_argv.push_back(nullptr);
+    for (std::string& entry : plan.env)
+        plan.c_env.push_back(entry.data());
+    plan.c_env.push_back(nullptr);
+    return plan;
+}
+
+void exec_child(ChildPlan& plan, int stdin_fd, int stdout_fd, int stderr_fd, int status_fd)
+{
+    ::setsid();
+    ::signal(SIGPIPE, SIG_DFL);
+    sigset_t none;
+    sigemptyset(&none);
+    ::sigprocmask(SIG_SETMASK, &none, nullptr);
+    // dup2 clears O_CLOEXEC on the copies; the originals close at execve.
+    ::dup2(stdin_fd, STDIN_FILENO);
+    ::dup2(stdout_fd, STDOUT_FILENO);
+    ::dup2(stderr_fd, STDERR_FILENO);
+    if (!plan.cwd.empty() && ::chdir(plan.cwd.c_str()) != 0) {
+        write_failure(status_fd, 0);
+        ::_exit(127);
+    }
+    ::execve(plan.path.c_str(), plan.c_argv.data(), plan.c_env.data());
+    write_failure(status_fd, 1);
+    ::_exit(127);
+}
+
+void throw_child_failure(const ChildPlan& plan, const ChildFailure& failure)
+{
+    const bool missing = failure.error == ENOENT || failure.error == ENOTDIR;
+    const std::string what = failure.stage == 0 ? "cwd " + plan.cwd : plan.path;
+    throw CallError(missing ? "not_found" : "spawn_failed", what + ": " + std::strerror(failure.error));
+}
+
+} // namespace agentvm
