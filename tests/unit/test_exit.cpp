@@ -31,6 +31,19 @@ struct RunPage {
     std::unique_ptr<uint64_t[]> storage = std::make_unique<uint64_t[]>(size / 8);
     kvm_run& run() { return *reinterpret_cast<kvm_run*>(storage.get()); }
     uint8_t* bytes() { return reinterpret_cast<uint8_t*>(storage.get()); }
+
+    // Fills in a port I/O exit whose data sits at data_offset in this page.
+    kvm_run& io(uint8_t direction, uint16_t port, uint8_t io_size, uint32_t count, uint64_t data_offset)
+    {
+        auto& r = run();
+        r.exit_reason = KVM_EXIT_IO;
+        r.io.direction = direction;
+        r.io.size = io_size;
+        r.io.port = port;
+        r.io.count = count;
+        r.io.data_offset = data_offset;
+        return r;
+    }
 };
 
 } // namespace
@@ -41,13 +54,7 @@ TEST_CASE("port writes reach the device, rep outs byte by byte")
     Port port;
     pio.insert(0x3f8, 8, port);
     RunPage page;
-    auto& run = page.run();
-    run.exit_reason = KVM_EXIT_IO;
-    run.io.direction = KVM_EXIT_IO_OUT;
-    run.io.size = 1;
-    run.io.port = 0x3f8;
-    run.io.count = 3;
-    run.io.data_offset = 1024;
+    auto& run = page.io(KVM_EXIT_IO_OUT, 0x3f8, 1, 3, 1024);
     std::memcpy(page.bytes() + 1024, "abc", 3);
     const auto outcome = handle_exit(decode_exit(run, RunPage::size), pio, mmio);
     CHECK(outcome.action == ExitAction::resume);
@@ -60,13 +67,7 @@ TEST_CASE("port reads fill the kvm_run data; unclaimed ports float high")
     Port port;
     pio.insert(0x3f8, 8, port);
     RunPage page;
-    auto& run = page.run();
-    run.exit_reason = KVM_EXIT_IO;
-    run.io.direction = KVM_EXIT_IO_IN;
-    run.io.size = 1;
-    run.io.port = 0x3fd;
-    run.io.count = 1;
-    run.io.data_offset = 512;
+    auto& run = page.io(KVM_EXIT_IO_IN, 0x3fd, 1, 1, 512);
     handle_exit(decode_exit(run, RunPage::size), pio, mmio);
     CHECK(page.bytes()[512] == 0x5a);
     run.io.port = 0x2f8;
@@ -80,12 +81,7 @@ TEST_CASE("an I/O exit whose data lies outside the kvm_run page is a failure, no
 {
     Bus pio, mmio;
     RunPage page;
-    auto& run = page.run();
-    run.exit_reason = KVM_EXIT_IO;
-    run.io.direction = KVM_EXIT_IO_IN;
-    run.io.size = 4;
-    run.io.count = 1000;
-    run.io.data_offset = 1024;
+    auto& run = page.io(KVM_EXIT_IO_IN, 0, 4, 1000, 1024);
     CHECK(handle_exit(decode_exit(run, RunPage::size), pio, mmio).action == ExitAction::fail);
     run.io.count = 1;
     run.io.data_offset = RunPage::size - 2;
@@ -96,13 +92,7 @@ TEST_CASE("i8042 reset and triple fault power the guest off")
 {
     Bus pio, mmio;
     RunPage page;
-    auto& run = page.run();
-    run.exit_reason = KVM_EXIT_IO;
-    run.io.direction = KVM_EXIT_IO_OUT;
-    run.io.size = 1;
-    run.io.port = layout::i8042_command_port;
-    run.io.count = 1;
-    run.io.data_offset = 256;
+    auto& run = page.io(KVM_EXIT_IO_OUT, layout::i8042_command_port, 1, 1, 256);
     page.bytes()[256] = 0xfe;
     CHECK(handle_exit(decode_exit(run, RunPage::size), pio, mmio).action == ExitAction::power_off);
     page.bytes()[256] = 0x01;  // any other command is not a reset
