@@ -53,6 +53,9 @@ void VmOptions::add_to(CLI::App& command)
     command.add_option("--mem", mem_mib_, "guest memory in MiB")->capture_default_str();
     command.add_option("--cmdline", cmdline_, "extra kernel command-line parameters");
     command.add_option("--init-cmd", init_cmd_, "command the guest init runs with /bin/sh -c, then powers off");
+    command.add_option("--vsock-uds", vsock_uds_,
+                       "Unix socket for the guest's vsock: connect and write 'CONNECT <port>\\n' to reach a "
+                       "guest port; the guest reaches host port P at <path>_P");
     command.add_option("--console", console_, "where the guest serial console goes: a file path, or - for stderr")
         ->capture_default_str();
 }
@@ -77,6 +80,8 @@ VmConfig VmOptions::resolve()
     config.mem_mib = mem_mib_;
     config.extra_cmdline = cmdline_;
     config.init_cmd = init_cmd_;
+    if (!vsock_uds_.empty())
+        config.vsock_uds = vsock_uds_;
 
     if (console_ != "-") {
         const auto dir = std::filesystem::path(console_).parent_path();

@@ -33,6 +33,7 @@ private:
     std::string cmdline_;
     std::optional<std::string> init_cmd_;
     std::string console_ = "-";
+    std::string vsock_uds_;
     Fd console_fd_;
     bool console_created_ = false;
 };

@@ -12,12 +12,14 @@
 #include "devices/cow_disk.hpp"
 #include "devices/serial.hpp"
 #include "devices/virtio_blk.hpp"
+#include "devices/virtio_vsock.hpp"
 #include "vmm/boot.hpp"
 #include "vmm/cpuid.hpp"
 #include "vmm/error.hpp"
 #include "vmm/layout.hpp"
 #include "vmm/mptable.hpp"
 #include "vmm/virtio_slot.hpp"
+#include "vmm/vsock_host.hpp"
 
 namespace agentvm {
 namespace {
@@ -25,6 +27,10 @@ namespace {
 // KVM_SET_TSS_ADDR: three pages Intel VMX needs for real-mode emulation, placed just below
 // the IOAPIC/LAPIC window where no RAM or device lives.
 constexpr uint64_t tss_address = 0xfffbd000;
+
+// Every agentvm guest is CID 3: each VM is its own process with its own device, so CIDs
+// never need to differ between VMs.
+constexpr uint64_t guest_cid = 3;
 
 // The signal that kicks a vCPU thread out of KVM_RUN. Its handler does nothing: the point
 // is the EINTR.
@@ -74,7 +80,8 @@ Vm::Vm(const Kvm& kvm, const VmConfig& config)
     add_serial(config.console_fd);
     std::string device_params;
     if (config.rootfs_path)
-        device_params = add_root_disk(*config.rootfs_path, config.overlay_dir);
+        device_params = add_root_disk(*config.rootfs_path, config.overlay_dir) + " ";
+    device_params += add_vsock(config.vsock_uds);
 
     const LoadedKernel kernel = load_kernel(mem_, kernel_image);
     cmdline_ = guest_cmdline(config, device_params);
@@ -128,6 +135,17 @@ std::string Vm::add_root_disk(const std::string& path, const std::string& overla
     blk_slot_ = std::make_unique<VirtioSlot>(vm_.get(), mem_, loop_, mmio_, *blk_,
                                              layout::virtio_mmio_base, layout::first_virtio_irq);
     return blk_slot_->cmdline_param();
+}
+
+std::string Vm::add_vsock(const std::optional<std::string>& uds_path)
+{
+    vsock_host_ = std::make_unique<VsockHost>(loop_, uds_path);
+    vsock_ = std::make_unique<VirtioVsock>(*vsock_host_, guest_cid);
+    vsock_host_->attach(*vsock_);
+    vsock_slot_ = std::make_unique<VirtioSlot>(vm_.get(), mem_, loop_, mmio_, *vsock_,
+                                               layout::virtio_mmio_base + layout::virtio_mmio_size,
+                                               layout::first_virtio_irq + 1);
+    return vsock_slot_->cmdline_param();
 }
 
 void Vm::create_vcpus(const LoadedKernel& kernel)
@@ -219,6 +237,8 @@ VmResult Vm::run()
     for (auto& t : threads_)
         t.join();
     // In-flight disk I/O targets guest memory: let it finish before anything is torn down.
+    // Host vsock streams are shut first, or their pending reads would keep the loop busy.
+    vsock_host_->close_all();
     loop_.drain();
     std::lock_guard lock(result_mutex_);
     return result_.value_or(VmResult{VmOutcome::stopped, "stopped"});

@@ -26,6 +26,8 @@ namespace agentvm {
 class SerialDevice;
 class VirtioBlk;
 class VirtioSlot;
+class VirtioVsock;
+class VsockHost;
 
 enum class VmOutcome {
     powered_off,  // the guest rebooted or powered off
@@ -69,6 +71,7 @@ private:
     void map_memory();
     void add_serial(int console_fd);
     std::string add_root_disk(const std::string& path, const std::string& overlay_dir);
+    std::string add_vsock(const std::optional<std::string>& uds_path);
     void create_vcpus(const LoadedKernel& kernel);
     void vcpu_loop(Vcpu& vcpu);
     void kick_vcpus();  // only from the thread in run()
@@ -83,6 +86,9 @@ private:
     std::unique_ptr<SerialDevice> serial_;
     std::unique_ptr<VirtioBlk> blk_;
     std::unique_ptr<VirtioSlot> blk_slot_;  // after blk_: its transport refers to the device
+    std::unique_ptr<VsockHost> vsock_host_;  // before vsock_: the device calls back into it
+    std::unique_ptr<VirtioVsock> vsock_;
+    std::unique_ptr<VirtioSlot> vsock_slot_;
     std::string cmdline_;
     std::vector<std::unique_ptr<Vcpu>> vcpus_;
     std::vector<std::thread> threads_;

@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <cstring>
 #include <map>
+#include <string_view>
 
 namespace agentvm {
 
@@ -27,10 +28,12 @@ std::string resolve(const std::string& name, const std::string& search_path)
     size_t begin = 0;
     for (;;) {
         const size_t end = search_path.find(':', begin);
-        std::string dir = search_path.substr(begin, end == std::string::npos ? end : end - begin);
+        std::string_view dir = std::string_view(search_path).substr(begin, end == std::string::npos ? end : end - begin);
         if (dir.empty())
-            dir = ".";
-        const std::string candidate = dir + "/" + name;
+            dir = "."; // an empty PATH entry means the current directory
+        std::string candidate(dir);
+        candidate += '/';
+        candidate += name;
         if (is_executable_file(candidate))
             return candidate;
         if (end == std::string::npos)

@@ -16,7 +16,8 @@
 
 namespace agentvm {
 
-using Json = nlohmann::json;
+// Ordered so that "id" leads each line, which keeps logs and transcripts readable.
+using Json = nlohmann::ordered_json;
 
 // Longest request line accepted; longer ones are answered with line_too_long.
 constexpr size_t max_line_bytes = size_t{64} << 20;

@@ -1,0 +1,98 @@
+// agentvm-agent: runs tool calls inside an agentvm guest for the host, which reaches it
+// over virtio-vsock (docs/protocol.md). One thread per connection, plus one per running
+// exec call; a call's failure is answered as an error and never ends the connection or
+// the agent.
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <exception>
+#include <string>
+#include <string_view>
+#include <thread>
+
+#include "guest/agent/connection.hpp"
+#include "guest/agent/listen_address.hpp"
+#include "vmm/error.hpp"
+
+namespace agentvm {
+
+namespace {
+
+constexpr char usage[] = "usage: agentvm-agent [--listen vsock:PORT|unix:PATH]\n";
+
+// Commands get pipes for stdio, but descriptors 0-2 must not be handed out to pipes of
+// our own, or dup2 in a child would clobber them; init may start us with them closed.
+void ensure_standard_fds()
+{
+    for (int fd = 0; fd < 3; ++fd)
+        if (::fcntl(fd, F_GETFD) < 0 && ::open("/dev/null", O_RDWR) < 0)
+            throw_errno("open /dev/null");
+}
+
+void serve_connection(Fd socket)
+{
+    try {
+        Connection connection(std::move(socket));
+        connection.serve();
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "agentvm-agent: connection: %s\n", e.what());
+    }
+}
+
+int run(int argc, char** argv)
+{
+    std::string spec = "vsock:" + std::to_string(default_agent_port);
+    for (int i = 1; i < argc; ++i) {
+        const std::string_view arg = argv[i];
+        if (arg == "--listen" && i + 1 < argc) {
+            spec = argv[++i];
+        } else if (arg.starts_with("--listen=")) {
+            spec = std::string(arg.substr(9));
+        } else {
+            std::fputs(usage, stderr);
+            return 2;
+        }
+    }
+    const ListenAddress address = parse_listen_address(spec);
+
+    // A peer that goes away mid-answer must cost a failed send, not the agent.
+    ::signal(SIGPIPE, SIG_IGN);
+    ensure_standard_fds();
+    Fd listener = listen_on(address);
+    std::fprintf(stderr, "agentvm-agent: listening on %s\n", spec.c_str());
+
+    for (;;) {
+        Fd socket(::accept4(listener.get(), nullptr, nullptr, SOCK_CLOEXEC));
+        if (!socket) {
+            // Out of descriptors or memory, or a peer that left before we accepted: wait
+            // a little and go on; the listener itself is fine.
+            if (errno != EINTR)
+                std::this_thread::sleep_for(std::chrono::milliseconds(10));
+            continue;
+        }
+        try {
+            std::thread(serve_connection, std::move(socket)).detach();
+        } catch (const std::system_error& e) {
+            std::fprintf(stderr, "agentvm-agent: thread: %s\n", e.what());
+        }
+    }
+}
+
+} // namespace
+
+} // namespace agentvm
+
+int main(int argc, char** argv)
+{
+    try {
+        return agentvm::run(argc, argv);
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "agentvm-agent: %s\n", e.what());
+        return 1;
+    }
+}

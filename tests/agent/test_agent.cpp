@@ -1,0 +1,537 @@
+// Drives the real agentvm-agent binary on the host over --listen unix:PATH, as the host
+// side will over vsock: request lines in, response and event lines out.
+#include <doctest/doctest.h>
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <random>
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "guest/agent/base64.hpp"
+#include "guest/agent/protocol.hpp"
+
+using namespace agentvm;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+// No single answer in these tests should take longer; a hang fails instead of blocking.
+constexpr std::chrono::seconds reply_timeout{20};
+
+uint64_t fnv1a(std::string_view bytes, uint64_t hash = 14695981039346656037ull)
+{
+    for (char c : bytes) {
+        hash ^= static_cast<uint8_t>(c);
+        hash *= 1099511628211ull;
+    }
+    return hash;
+}
+
+std::string make_temp_dir()
+{
+    std::string pattern = "/tmp/agentvm-agent-test.XXXXXX";
+    if (!::mkdtemp(pattern.data()))
+        throw std::runtime_error("mkdtemp failed");
+    return pattern;
+}
+
+// Every /proc/PID/cmdline that contains `marker`, other than our own.
+std::vector<pid_t> processes_with(const std::string& marker)
+{
+    std::vector<pid_t> found;
+    DIR* proc = ::opendir("/proc");
+    REQUIRE(proc);
+    while (dirent* entry = ::readdir(proc)) {
+        const pid_t pid = static_cast<pid_t>(std::atoi(entry->d_name));
+        if (pid <= 0 || pid == ::getpid())
+            continue;
+        std::ifstream file(std::string("/proc/") + entry->d_name + "/cmdline", std::ios::binary);
+        std::string cmdline((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+        if (cmdline.find(marker) != std::string::npos)
+            found.push_back(pid);
+    }
+    ::closedir(proc);
+    return found;
+}
+
+// Waits up to a second for processes to go (a SIGKILLed process vanishes once reaped).
+bool gone(const std::string& marker)
+{
+    for (int i = 0; i < 100; ++i) {
+        if (processes_with(marker).empty())
+            return true;
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return false;
+}
+
+class Agent {
+public:
+    Agent() : dir_(make_temp_dir()), socket_path_(dir_ + "/agent.sock")
+    {
+        pid_ = ::fork();
+        REQUIRE(pid_ >= 0);
+        if (pid_ == 0) {
+            const std::string listen = "unix:" + socket_path_;
+            ::execl(AGENTVM_AGENT_BIN, AGENTVM_AGENT_BIN, "--listen", listen.c_str(), nullptr);
+            ::_exit(127);
+        }
+    }
+    ~Agent()
+    {
+        ::kill(pid_, SIGTERM);
+        ::waitpid(pid_, nullptr, 0);
+        std::system(("rm -rf '" + dir_ + "'").c_str());
+    }
+    const std::string& dir() const { return dir_; }
+    const std::string& socket_path() const { return socket_path_; }
+    bool alive() const { return ::waitpid(pid_, nullptr, WNOHANG) == 0; }
+
+private:
+    std::string dir_;
+    std::string socket_path_;
+    pid_t pid_ = -1;
+};
+
+class Client {
+public:
+    explicit Client(const Agent& agent)
+    {
+        const auto deadline = Clock::now() + std::chrono::seconds(10);
+        for (;;) {
+            fd_ = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+            REQUIRE(fd_ >= 0);
+            sockaddr_un addr{};
+            addr.sun_family = AF_UNIX;
+            std::strncpy(addr.sun_path, agent.socket_path().c_str(), sizeof(addr.sun_path) - 1);
+            if (::connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0)
+                return;
+            ::close(fd_);
+            REQUIRE_MESSAGE(Clock::now() < deadline, "agent did not start listening");
+            std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        }
+    }
+    ~Client() { close(); }
+    void close()
+    {
+        if (fd_ >= 0)
+            ::close(fd_);
+        fd_ = -1;
+    }
+
+    void send_raw(std::string_view bytes)
+    {
+        while (!bytes.empty()) {
+            const ssize_t n = ::send(fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL);
+            REQUIRE(n > 0);
+            bytes.remove_prefix(static_cast<size_t>(n));
+        }
+    }
+    void send(const Json& request) { send_raw(to_line(request)); }
+
+    // The next line, parsed; fails the test after reply_timeout. nullopt at EOF.
+    std::optional<Json> next()
+    {
+        const auto deadline = Clock::now() + reply_timeout;
+        for (;;) {
+            const size_t newline = buffer_.find('\n');
+            if (newline != std::string::npos) {
+                Json line = Json::parse(buffer_.substr(0, newline));
+                buffer_.erase(0, newline + 1);
+                return line;
+            }
+            const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+            REQUIRE_MESSAGE(left.count() > 0, "no reply in time");
+            pollfd pfd{fd_, POLLIN, 0};
+            ::poll(&pfd, 1, static_cast<int>(left.count()));
+            char chunk[1 << 16];
+            const ssize_t n = ::recv(fd_, chunk, sizeof(chunk), MSG_DONTWAIT);
+            if (n == 0)
+                return std::nullopt;
+            if (n > 0)
+                buffer_.append(chunk, static_cast<size_t>(n));
+        }
+    }
+    Json next_line()
+    {
+        std::optional<Json> line = next();
+        REQUIRE(line);
+        return *line;
+    }
+
+    // Sends one request and returns its final response; events go to `events`.
+    Json call(const Json& request, std::vector<Json>* events = nullptr)
+    {
+        send(request);
+        for (;;) {
+            Json line = next_line();
+            REQUIRE(line["id"] == request["id"]);
+            if (!line.contains("event"))
+                return line;
+            if (events)
+                events->push_back(line);
+        }
+    }
+
+    Json exec(Json request)
+    {
+        request["id"] = ++next_id_;
+        request["op"] = "exec";
+        return call(request);
+    }
+
+private:
+    int fd_ = -1;
+    std::string buffer_;
+    int next_id_ = 0;
+};
+
+std::string bytes_of(const Json& response, const std::string& name)
+{
+    std::optional<std::string> bytes = get_bytes(response, name);
+    REQUIRE_MESSAGE(bytes, name << " missing from " << response.dump());
+    return *bytes;
+}
+
+} // namespace
+
+TEST_CASE("echo and exit codes")
+{
+    Agent agent;
+    Client client(agent);
+    Json ok = client.exec({{"argv", {"echo", "hello", "world"}}});
+    CHECK(bytes_of(ok, "stdout") == "hello world\n");
+    CHECK(bytes_of(ok, "stderr") == "");
+    CHECK(ok["exit_code"] == 0);
+    CHECK(ok["signal"].is_null());
+    CHECK(ok["timed_out"] == false);
+    CHECK(ok["oom_killed"] == false);
+    CHECK(ok["stdout_truncated"] == false);
+    CHECK(ok["stderr_truncated"] == false);
+    CHECK(ok["duration_ms"].is_number_unsigned());
+    CHECK(client.exec({{"argv", {"sh", "-c", "exit 7"}}})["exit_code"] == 7);
+    CHECK(client.exec({{"argv", {"false"}}})["exit_code"] == 1);
+
+    Json missing = client.exec({{"argv", {"no-such-command-xyz"}}});
+    CHECK(missing["error"]["code"] == "not_found");
+    Json not_exec = client.exec({{"argv", {"/etc/hostname"}}});
+    CHECK(not_exec["error"]["code"] == "spawn_failed");
+}
+
+TEST_CASE("stderr apart from stdout, binary output as base64")
+{
+    Agent agent;
+    Client client(agent);
+    Json r = client.exec({{"argv", {"sh", "-c", "echo out; echo err >&2; printf '\\377\\000' >&2"}}});
+    CHECK(bytes_of(r, "stdout") == "out\n");
+    CHECK(r.contains("stderr_b64"));
+    CHECK(bytes_of(r, "stderr") == std::string("err\n\xff\x00", 6));
+}
+
+TEST_CASE("stdin is delivered, as text and as bytes, and large stdin does not deadlock")
+{
+    Agent agent;
+    Client client(agent);
+    CHECK(bytes_of(client.exec({{"argv", {"cat"}}, {"stdin", "line one\nline two"}}), "stdout")
+        == "line one\nline two");
+    const std::string binary("\x00\x01\xfe\xff", 4);
+    CHECK(bytes_of(client.exec({{"argv", {"cat"}}, {"stdin_b64", base64_encode(binary)}}), "stdout") == binary);
+    // More than a pipe holds, both ways at once.
+    const std::string big(4 << 20, 'a');
+    Json r = client.exec({{"argv", {"cat"}}, {"stdin", big}});
+    CHECK(bytes_of(r, "stdout").size() == big.size());
+    // Without stdin the command reads /dev/null rather than hanging.
+    CHECK(bytes_of(client.exec({{"argv", {"cat"}}}), "stdout") == "");
+    // A command that never reads its stdin still finishes.
+    CHECK(client.exec({{"argv", {"true"}}, {"stdin", big}})["exit_code"] == 0);
+}
+
+TEST_CASE("env is added to the agent's environment and cwd is honoured")
+{
+    Agent agent;
+    Client client(agent);
+    Json r = client.exec({{"argv", {"sh", "-c", "echo \"$GREETING|$PATH\"; pwd"}},
+        {"env", {{"GREETING", "hi there"}}}, {"cwd", agent.dir()}});
+    const std::string out = bytes_of(r, "stdout");
+    CHECK(out.starts_with("hi there|"));
+    CHECK(out.find("|\n") == std::string::npos); // PATH inherited from the agent
+    CHECK(out.ends_with(agent.dir() + "\n"));
+    CHECK(client.exec({{"argv", {"true"}}, {"cwd", agent.dir() + "/missing"}})["error"]["code"] == "not_found");
+}
+
+TEST_CASE("exit by signal")
+{
+    Agent agent;
+    Client client(agent);
+    Json r = client.exec({{"argv", {"sh", "-c", "kill -TERM $$"}}});
+    CHECK(r["exit_code"].is_null());
+    CHECK(r["signal"] == SIGTERM);
+    CHECK(r["timed_out"] == false);
+    // A command that kills its whole process group leaves the agent and connection fine.
+    Json group = client.exec({{"argv", {"sh", "-c", "kill -KILL 0"}}});
+    CHECK(group["signal"] == SIGKILL);
+    CHECK(group["oom_killed"] == false);
+    CHECK(client.exec({{"argv", {"true"}}})["exit_code"] == 0);
+    CHECK(agent.alive());
+}
+
+TEST_CASE("timeout kills the whole process group")
+{
+    Agent agent;
+    Client client(agent);
+    // The odd sleep length marks both sleeps (and only them) in /proc/*/cmdline.
+    const std::string marker = "1000." + std::to_string(::getpid()) + "1";
+    const auto start = Clock::now();
+    Json r = client.exec({{"argv", {"sh", "-c", "sleep " + marker + " & sleep " + marker}}, {"timeout", 0.5}});
+    const auto took = Clock::now() - start;
+    CHECK(r["timed_out"] == true);
+    CHECK(r["signal"] == SIGKILL);
+    CHECK(r["exit_code"].is_null());
+    CHECK(r["oom_killed"] == false);
+    CHECK(took >= std::chrono::milliseconds(450));
+    CHECK(took < std::chrono::seconds(3));
+    CHECK(gone(marker));
+}
+
+TEST_CASE("100 MiB of output with max_output 1 MiB is truncated, fast")
+{
+    Agent agent;
+    Client client(agent);
+    const auto start = Clock::now();
+    Json r = client.exec({{"argv", {"sh", "-c", "yes | head -c 104857600; echo done >&2"}}, {"max_output", 1 << 20}});
+    CHECK(Clock::now() - start < std::chrono::seconds(10));
+    CHECK(r["exit_code"] == 0);
+    CHECK(bytes_of(r, "stdout") == [] {
+        std::string expected;
+        while (expected.size() < (1 << 20))
+            expected += "y\n";
+        return expected;
+    }());
+    CHECK(r["stdout_truncated"] == true);
+    CHECK(bytes_of(r, "stderr") == "done\n");
+    CHECK(r["stderr_truncated"] == false);
+}
+
+TEST_CASE("streamed output arrives as events before the response, and matches it")
+{
+    Agent agent;
+    Client client(agent);
+    std::vector<Json> events;
+    Json r = client.call({{"id", "s"}, {"op", "exec"}, {"argv", {"sh", "-c", "echo a; sleep 0.1; echo b >&2; echo c"}},
+                             {"stream", true}},
+        &events);
+    std::string out, err;
+    for (const Json& e : events) {
+        if (e["event"] == "stdout")
+            out += bytes_of(e, "data");
+        else if (e["event"] == "stderr")
+            err += bytes_of(e, "data");
+        else
+            FAIL("unexpected event " << e.dump());
+    }
+    CHECK(out == "a\nc\n");
+    CHECK(err == "b\n");
+    CHECK(bytes_of(r, "stdout") == out);
+    CHECK(bytes_of(r, "stderr") == err);
+}
+
+TEST_CASE("16 pipelined calls run at once")
+{
+    Agent agent;
+    Client client(agent);
+    const auto start = Clock::now();
+    for (int i = 0; i < 16; ++i)
+        client.send({{"id", i}, {"op", "exec"}, {"argv", {"sh", "-c", "sleep 0.5; echo " + std::to_string(i)}}});
+    std::set<int> answered;
+    for (int i = 0; i < 16; ++i) {
+        Json r = client.next_line();
+        const int id = r["id"].get<int>();
+        CHECK(bytes_of(r, "stdout") == std::to_string(id) + "\n");
+        answered.insert(id);
+    }
+    CHECK(answered.size() == 16);
+    // One after the other they would take 8 s.
+    CHECK(Clock::now() - start < std::chrono::seconds(4));
+}
+
+TEST_CASE("200 sequential calls on one connection")
+{
+    Agent agent;
+    Client client(agent);
+    for (int i = 0; i < 200; ++i) {
+        Json r = client.exec({{"argv", {"echo", std::to_string(i)}}});
+        REQUIRE(bytes_of(r, "stdout") == std::to_string(i) + "\n");
+    }
+}
+
+TEST_CASE("write_file and read_file carry binary data intact")
+{
+    Agent agent;
+    Client client(agent);
+    const std::string path = agent.dir() + "/small.bin";
+    const std::string small = std::string("\x00\xff\x80 text\n", 8);
+    Json w = client.call({{"id", 1}, {"op", "write_file"}, {"path", path}, {"data_b64", base64_encode(small)},
+        {"mode", "0751"}});
+    CHECK(w["ok"] == true);
+    CHECK(w["bytes"] == small.size());
+    struct stat st;
+    REQUIRE(::stat(path.c_str(), &st) == 0);
+    CHECK((st.st_mode & 07777) == 0751);
+    std::vector<Json> events;
+    Json r = client.call({{"id", 2}, {"op", "read_file"}, {"path", path}}, &events);
+    CHECK(r["ok"] == true);
+    CHECK(r["size"] == small.size());
+    CHECK(r["mode"] == "0751");
+    REQUIRE(events.size() == 1);
+    CHECK(events[0]["event"] == "data");
+    CHECK(events[0]["offset"] == 0);
+    CHECK(bytes_of(events[0], "data") == small);
+
+    // Text through the plain spelling, then appended.
+    CHECK(client.call({{"id", 3}, {"op", "write_file"}, {"path", path}, {"data", "abc"}})["bytes"] == 3);
+    CHECK(client.call({{"id", 4}, {"op", "write_file"}, {"path", path}, {"data", "def"}, {"append", true}})["ok"] == true);
+    events.clear();
+    client.call({{"id", 5}, {"op", "read_file"}, {"path", path}}, &events);
+    REQUIRE(events.size() == 1);
+    CHECK(bytes_of(events[0], "data") == "abcdef");
+
+    // An empty file: no data events, size 0.
+    client.call({{"id", 6}, {"op", "write_file"}, {"path", path}, {"data", ""}});
+    events.clear();
+    CHECK(client.call({{"id", 7}, {"op", "read_file"}, {"path", path}}, &events)["size"] == 0);
+    CHECK(events.empty());
+
+    CHECK(client.call({{"id", 8}, {"op", "read_file"}, {"path", agent.dir() + "/nope"}})["error"]["code"] == "not_found");
+    CHECK(client.call({{"id", 9}, {"op", "read_file"}, {"path", agent.dir()}})["error"]["code"] == "io");
+    CHECK(client.call({{"id", 10}, {"op", "write_file"}, {"path", agent.dir() + "/no/dir"}, {"data", "x"}})["error"]["code"]
+        == "not_found");
+}
+
+TEST_CASE("a 64 MiB binary file written in appended chunks reads back with the same hash")
+{
+    Agent agent;
+    Client client(agent);
+    const std::string path = agent.dir() + "/big.bin";
+    constexpr size_t total = size_t{64} << 20;
+    constexpr size_t chunk = size_t{4} << 20;
+    std::mt19937_64 random(42);
+    uint64_t sent_hash = fnv1a("");
+    // Pipelined: every chunk is sent before any answer is read, in order.
+    for (size_t offset = 0; offset < total; offset += chunk) {
+        std::string data(chunk, '\0');
+        for (size_t i = 0; i < chunk; i += 8) {
+            const uint64_t v = random();
+            std::memcpy(data.data() + i, &v, 8);
+        }
+        sent_hash = fnv1a(data, sent_hash);
+        client.send({{"id", offset}, {"op", "write_file"}, {"path", path}, {"data_b64", base64_encode(data)},
+            {"append", offset != 0}});
+    }
+    for (size_t offset = 0; offset < total; offset += chunk) {
+        Json w = client.next_line();
+        CHECK(w["id"] == offset);
+        CHECK(w["bytes"] == chunk);
+    }
+
+    std::vector<Json> events;
+    Json r = client.call({{"id", "read"}, {"op", "read_file"}, {"path", path}}, &events);
+    CHECK(r["size"] == total);
+    CHECK(events.size() == total / (1 << 20));
+    uint64_t read_hash = fnv1a("");
+    uint64_t expected_offset = 0;
+    for (const Json& e : events) {
+        REQUIRE(e["offset"] == expected_offset);
+        const std::string data = bytes_of(e, "data");
+        CHECK(data.size() <= (1 << 20));
+        read_hash = fnv1a(data, read_hash);
+        expected_offset += data.size();
+    }
+    CHECK(expected_offset == total);
+    CHECK(read_hash == sent_hash);
+}
+
+TEST_CASE("malformed lines get errors and the connection goes on")
+{
+    Agent agent;
+    Client client(agent);
+    client.send_raw("this is not json\n");
+    client.send_raw("[1,2,3]\n");
+    client.send_raw("\n"); // blank lines are ignored, not answered
+    client.send_raw("{\"id\":1}\n");
+    client.send_raw("{\"id\":2,\"op\":\"teleport\"}\n");
+    client.send_raw("{\"id\":3,\"op\":\"exec\"}\n");
+    client.send_raw("{\"id\":4,\"op\":\"exec\",\"argv\":\"ls\"}\n");
+    client.send_raw("{\"id\":5,\"op\":\"exec\",\"argv\":[\"x\"],\"stdin_b64\":\"@@\"}\n");
+    // Over the 64 MiB cap, sent in pieces: answered without the agent buffering it.
+    const std::string piece(1 << 20, 'x');
+    client.send_raw("{\"id\":6,\"data\":\"");
+    for (int i = 0; i < 65; ++i)
+        client.send_raw(piece);
+    client.send_raw("\"}\n");
+    client.send({{"id", 7}, {"op", "exec"}, {"argv", {"echo", "still here"}}});
+
+    const std::vector<std::pair<Json, std::string>> expected = {
+        {nullptr, "bad_json"}, {nullptr, "bad_json"}, {1, "missing_field"}, {2, "unknown_op"},
+        {3, "missing_field"}, {4, "bad_field"}, {5, "bad_field"}, {nullptr, "line_too_long"},
+    };
+    for (const auto& [id, code] : expected) {
+        Json e = client.next_line();
+        CHECK(e["id"] == id);
+        CHECK(e["error"]["code"] == code);
+        CHECK(e["error"]["message"].is_string());
+    }
+    Json good = client.next_line();
+    CHECK(good["id"] == 7);
+    CHECK(bytes_of(good, "stdout") == "still here\n");
+}
+
+TEST_CASE("close answers, then ends the connection after earlier calls finish")
+{
+    Agent agent;
+    Client client(agent);
+    client.send({{"id", 1}, {"op", "exec"}, {"argv", {"sh", "-c", "sleep 0.2; echo late"}}});
+    client.send({{"id", 2}, {"op", "close"}});
+    client.send({{"id", 3}, {"op", "exec"}, {"argv", {"echo", "ignored"}}});
+    Json first = client.next_line();
+    CHECK(first["id"] == 1);
+    CHECK(bytes_of(first, "stdout") == "late\n");
+    Json closed = client.next_line();
+    CHECK(closed["id"] == 2);
+    CHECK(closed["ok"] == true);
+    CHECK_FALSE(client.next());
+}
+
+TEST_CASE("a client that hangs up cancels its calls; the agent keeps serving")
+{
+    Agent agent;
+    const std::string marker = "1000." + std::to_string(::getpid()) + "2";
+    {
+        Client client(agent);
+        client.send({{"id", 1}, {"op", "exec"}, {"argv", {"sleep", marker}}});
+        const auto deadline = Clock::now() + std::chrono::seconds(5);
+        while (processes_with(marker).empty() && Clock::now() < deadline)
+            std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        REQUIRE_FALSE(processes_with(marker).empty());
+    }
+    CHECK(gone(marker));
+    Client again(agent);
+    CHECK(bytes_of(again.exec({{"argv", {"echo", "ok"}}}), "stdout") == "ok\n");
+    CHECK(agent.alive());
+}

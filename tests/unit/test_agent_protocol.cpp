@@ -1,0 +1,291 @@
+#include <doctest/doctest.h>
+
+#include <string>
+#include <vector>
+
+#include "guest/agent/base64.hpp"
+#include "guest/agent/line_framer.hpp"
+#include "guest/agent/listen_address.hpp"
+#include "guest/agent/protocol.hpp"
+#include "guest/agent/utf8.hpp"
+#include "vmm/error.hpp"
+
+using namespace agentvm;
+
+namespace {
+
+// The error a line gets, as code; "" when it parses.
+std::string error_code_of(const std::string& line)
+{
+    try {
+        parse_request(line);
+        return "";
+    } catch (const RequestError& e) {
+        return e.error.code();
+    }
+}
+
+Json id_of_error(const std::string& line)
+{
+    try {
+        parse_request(line);
+    } catch (const RequestError& e) {
+        return e.id;
+    }
+    FAIL("line parsed: " << line);
+    return nullptr;
+}
+
+std::string all_bytes()
+{
+    std::string bytes;
+    for (int i = 0; i < 256; ++i)
+        bytes += static_cast<char>(i);
+    return bytes;
+}
+
+struct FramerLog {
+    std::vector<std::string> lines;
+    int too_long = 0;
+    LineFramer framer;
+
+    explicit FramerLog(size_t max)
+        : framer(max, [this](std::string&& line) { lines.push_back(std::move(line)); },
+              [this] { ++too_long; })
+    {
+    }
+};
+
+} // namespace
+
+TEST_CASE("base64 round-trips every length and byte value")
+{
+    const std::string bytes = all_bytes();
+    for (size_t len = 0; len <= bytes.size(); ++len) {
+        const std::string in = bytes.substr(256 - len);
+        const std::string encoded = base64_encode(in);
+        CHECK(encoded.size() == (len + 2) / 3 * 4);
+        const auto decoded = base64_decode(encoded);
+        REQUIRE(decoded);
+        CHECK(*decoded == in);
+    }
+}
+
+TEST_CASE("base64 matches RFC 4648 test vectors")
+{
+    const std::pair<const char*, const char*> vectors[] = {
+        {"", ""}, {"f", "Zg=="}, {"fo", "Zm8="}, {"foo", "Zm9v"},
+        {"foob", "Zm9vYg=="}, {"fooba", "Zm9vYmE="}, {"foobar", "Zm9vYmFy"},
+    };
+    for (const auto& [plain, encoded] : vectors) {
+        CHECK(base64_encode(plain) == encoded);
+        CHECK(base64_decode(encoded) == std::optional<std::string>(plain));
+    }
+}
+
+TEST_CASE("base64 rejects malformed input")
+{
+    for (const char* bad : {"Z", "Zm9", "Zm9v\n", "Zm 9", "Z===", "=Zm9", "Zg==Zm9v", "Zm-_", "Zm9v====", "Z=g="})
+        CHECK_MESSAGE(!base64_decode(bad), bad);
+}
+
+TEST_CASE("UTF-8 validation follows RFC 3629")
+{
+    CHECK(is_valid_utf8(""));
+    CHECK(is_valid_utf8("plain ascii\n\t"));
+    CHECK(is_valid_utf8(std::string("nul\0inside", 10)));
+    CHECK(is_valid_utf8("caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80"));
+    CHECK(is_valid_utf8("\xf4\x8f\xbf\xbf")); // U+10FFFF
+    CHECK_FALSE(is_valid_utf8("\xff"));
+    CHECK_FALSE(is_valid_utf8("\x80"));
+    CHECK_FALSE(is_valid_utf8("\xc3"));            // truncated
+    CHECK_FALSE(is_valid_utf8("\xc0\xaf"));        // overlong '/'
+    CHECK_FALSE(is_valid_utf8("\xe0\x80\xaf"));    // overlong
+    CHECK_FALSE(is_valid_utf8("\xed\xa0\x80"));    // surrogate U+D800
+    CHECK_FALSE(is_valid_utf8("\xf4\x90\x80\x80")); // above U+10FFFF
+    CHECK_FALSE(is_valid_utf8("\xe2\x82"));        // truncated at the end
+    CHECK_FALSE(is_valid_utf8("\xe2\x28\xa1"));    // bad continuation
+}
+
+TEST_CASE("put_bytes picks the plain name for UTF-8 and _b64 otherwise")
+{
+    Json object = Json::object();
+    put_bytes(object, "stdout", "h\xc3\xa9llo");
+    put_bytes(object, "stderr", std::string("\x00\xff", 2));
+    CHECK(object["stdout"] == "h\xc3\xa9llo");
+    CHECK_FALSE(object.contains("stdout_b64"));
+    CHECK(object["stderr_b64"] == "AP8=");
+    CHECK_FALSE(object.contains("stderr"));
+    // Whatever it picked, the line is valid JSON that reads back to the same bytes.
+    const Json again = Json::parse(to_line(object));
+    CHECK(get_bytes(again, "stdout") == std::optional<std::string>("h\xc3\xa9llo"));
+    CHECK(get_bytes(again, "stderr") == std::optional<std::string>(std::string("\x00\xff", 2)));
+}
+
+TEST_CASE("get_bytes accepts either spelling, but not both, and checks base64")
+{
+    CHECK(get_bytes(Json::parse(R"({"data":"x"})"), "data") == std::optional<std::string>("x"));
+    CHECK(get_bytes(Json::parse(R"({"data_b64":"eA=="})"), "data") == std::optional<std::string>("x"));
+    CHECK_FALSE(get_bytes(Json::parse(R"({"other":1})"), "data"));
+    CHECK_THROWS_AS(get_bytes(Json::parse(R"({"data":"x","data_b64":"eA=="})"), "data"), CallError);
+    CHECK_THROWS_AS(get_bytes(Json::parse(R"({"data_b64":"not base64!"})"), "data"), CallError);
+    CHECK_THROWS_AS(get_bytes(Json::parse(R"({"data":5})"), "data"), CallError);
+}
+
+TEST_CASE("exec requests parse with defaults and every option")
+{
+    Request minimal = parse_request(R"({"id":1,"op":"exec","argv":["true"]})");
+    CHECK(minimal.id == 1);
+    auto& plain = std::get<ExecRequest>(minimal.op);
+    CHECK(plain.argv == std::vector<std::string>{"true"});
+    CHECK(plain.env.empty());
+    CHECK_FALSE(plain.cwd);
+    CHECK_FALSE(plain.stdin_data);
+    CHECK_FALSE(plain.timeout_s);
+    CHECK(plain.max_output == default_max_output);
+    CHECK_FALSE(plain.stream);
+
+    Request full = parse_request(R"({"id":"a-7","op":"exec","argv":["sh","-c","cat"],)"
+                                 R"("env":{"A":"1","B":""},"cwd":"/tmp","stdin_b64":"AP8=",)"
+                                 R"("timeout":1.5,"max_output":1024,"stream":true})");
+    CHECK(full.id == "a-7");
+    auto& exec = std::get<ExecRequest>(full.op);
+    CHECK(exec.argv.size() == 3);
+    CHECK(exec.env.at("A") == "1");
+    CHECK(exec.env.at("B") == "");
+    CHECK(exec.cwd == std::optional<std::string>("/tmp"));
+    CHECK(exec.stdin_data == std::optional<std::string>(std::string("\x00\xff", 2)));
+    CHECK(exec.timeout_s == std::optional<double>(1.5));
+    CHECK(exec.max_output == 1024);
+    CHECK(exec.stream);
+}
+
+TEST_CASE("file and close requests parse")
+{
+    auto write = std::get<WriteFileRequest>(
+        parse_request(R"({"id":2,"op":"write_file","path":"/f","data_b64":"AAE=","mode":"0755","append":true})").op);
+    CHECK(write.path == "/f");
+    CHECK(write.data == std::string("\x00\x01", 2));
+    CHECK(write.mode == std::optional<uint32_t>(0755));
+    CHECK(write.append);
+    auto plain = std::get<WriteFileRequest>(parse_request(R"({"id":2,"op":"write_file","path":"/f","data":""})").op);
+    CHECK(plain.data.empty());
+    CHECK_FALSE(plain.mode);
+    CHECK_FALSE(plain.append);
+    CHECK(std::get<ReadFileRequest>(parse_request(R"({"id":3,"op":"read_file","path":"/g"})").op).path == "/g");
+    CHECK(std::holds_alternative<CloseRequest>(parse_request(R"({"id":4,"op":"close"})").op));
+}
+
+TEST_CASE("malformed requests get the documented error codes")
+{
+    CHECK(error_code_of("") == "bad_json");
+    CHECK(error_code_of("not json") == "bad_json");
+    CHECK(error_code_of(R"({"id":1,"op":"exec")") == "bad_json");
+    CHECK(error_code_of("\"\xff\"") == "bad_json"); // invalid UTF-8 inside a string
+    CHECK(error_code_of("[1,2]") == "bad_json");
+    CHECK(error_code_of(R"({"op":"exec","argv":["x"]})") == "missing_field");
+    CHECK(error_code_of(R"({"id":[1],"op":"close"})") == "bad_field");
+    CHECK(error_code_of(R"({"id":1})") == "missing_field");
+    CHECK(error_code_of(R"({"id":1,"op":5})") == "bad_field");
+    CHECK(error_code_of(R"({"id":1,"op":"reboot"})") == "unknown_op");
+    CHECK(error_code_of(R"({"id":1,"op":"exec"})") == "missing_field");
+    CHECK(error_code_of(R"({"id":1,"op":"exec","argv":[]})") == "bad_field");
+    CHECK(error_code_of(R"({"id":1,"op":"exec","argv":"ls"})") == "bad_field");
+    CHECK(error_code_of(R"({"id":1,"op":"exec","argv":["ls",3]})") == "bad_field");
+    CHECK(error_code_of(R"({"id":1,"op":"exec","argv":[""]})") == "bad_field");
+    CHECK(error_code_of(R"({"id":1,"op":"exec","argv":["a\u0000b"]})") == "bad_field");
+    CHECK(error_code_of(R"({"id":1,"op":"exec","argv":["x"],"env":["A=1"]})") == "bad_field");
+    CHECK(error_code_of(R"({"id":1,"op":"exec","argv":["x"],"env":{"A=B":"1"}})") == "bad_field");
+    CHECK(error_code_of(R"({"id":1,"op":"exec","argv":["x"],"env":{"A":1}})") == "bad_field");
+    CHECK(error_code_of(R"({"id":1,"op":"exec","argv":["x"],"cwd":7})") == "bad_field");
+    CHECK(error_code_of(R"({"id":1,"op":"exec","argv":["x"],"timeout":0})") == "bad_field");
+    CHECK(error_code_of(R"({"id":1,"op":"exec","argv":["x"],"timeout":-1})") == "bad_field");
+    CHECK(error_code_of(R"({"id":1,"op":"exec","argv":["x"],"timeout":"5"})") == "bad_field");
+    CHECK(error_code_of(R"({"id":1,"op":"exec","argv":["x"],"max_output":-1})") == "bad_field");
+    CHECK(error_code_of(R"({"id":1,"op":"exec","argv":["x"],"max_output":1.5})") == "bad_field");
+    CHECK(error_code_of(R"({"id":1,"op":"exec","argv":["x"],"stream":"yes"})") == "bad_field");
+    CHECK(error_code_of(R"({"id":1,"op":"exec","argv":["x"],"stdin":"a","stdin_b64":"YQ=="})") == "bad_field");
+    CHECK(error_code_of(R"({"id":1,"op":"write_file","data":"x"})") == "missing_field");
+    CHECK(error_code_of(R"({"id":1,"op":"write_file","path":"/f"})") == "missing_field");
+    CHECK(error_code_of(R"({"id":1,"op":"write_file","path":"/f","data_b64":"!!"})") == "bad_field");
+    CHECK(error_code_of(R"({"id":1,"op":"write_file","path":"/f","data":"","mode":"0999"})") == "bad_field");
+    CHECK(error_code_of(R"({"id":1,"op":"write_file","path":"/f","data":"","mode":"100644"})") == "bad_field");
+    CHECK(error_code_of(R"({"id":1,"op":"write_file","path":"/f","data":"","mode":420})") == "bad_field");
+    CHECK(error_code_of(R"({"id":1,"op":"read_file"})") == "missing_field");
+}
+
+TEST_CASE("errors carry the request id once one could be read")
+{
+    CHECK(id_of_error("garbage").is_null());
+    CHECK(id_of_error(R"({"op":"close"})").is_null());
+    CHECK(id_of_error(R"({"id":42,"op":"nope"})") == 42);
+    CHECK(id_of_error(R"({"id":"x","op":"exec"})") == "x");
+    const Json response = Json::parse(to_line(error_response(7, "not_found", "no such file")));
+    CHECK(response["id"] == 7);
+    CHECK(response["error"]["code"] == "not_found");
+    CHECK(response["error"]["message"] == "no such file");
+}
+
+TEST_CASE("modes are 1-4 octal digits and print as four")
+{
+    CHECK(parse_mode("0644") == 0644);
+    CHECK(parse_mode("755") == 0755);
+    CHECK(parse_mode("4755") == 04755);
+    CHECK_THROWS_AS(parse_mode(""), CallError);
+    CHECK_THROWS_AS(parse_mode("8"), CallError);
+    CHECK_THROWS_AS(parse_mode("-644"), CallError);
+    CHECK(format_mode(0100644) == "0644");
+    CHECK(format_mode(07) == "0007");
+}
+
+TEST_CASE("to_line is one line even for text with newlines and invalid UTF-8 in messages")
+{
+    const std::string line = to_line(error_response(nullptr, "io", "two\nlines \xff"));
+    CHECK(line.back() == '\n');
+    CHECK(line.find('\n') == line.size() - 1);
+    CHECK(Json::parse(line)["error"]["message"] == "two\nlines \xef\xbf\xbd");
+}
+
+TEST_CASE("line framing splits on newlines however the bytes arrive")
+{
+    FramerLog log(100);
+    log.framer.feed("{\"a\":1}\n{\"b\"");
+    log.framer.feed(":2}\n\n");
+    log.framer.feed("x");
+    log.framer.feed("y\nlast");
+    log.framer.finish();
+    CHECK(log.lines == std::vector<std::string>{"{\"a\":1}", "{\"b\":2}", "", "xy", "last"});
+    CHECK(log.too_long == 0);
+}
+
+TEST_CASE("an over-long line is reported once, skipped, and the next line still arrives")
+{
+    FramerLog log(8);
+    log.framer.feed("12345678\n");          // exactly the cap: fine
+    log.framer.feed("123456789");           // one past it
+    log.framer.feed(std::string(1000, 'x')); // more of the same line
+    CHECK(log.too_long == 1);
+    log.framer.feed("yyy\nok\n");
+    log.framer.feed(std::string(20, 'z') + "\nagain\n");
+    CHECK(log.lines == std::vector<std::string>{"12345678", "ok", "again"});
+    CHECK(log.too_long == 2);
+    // An over-long tail at end of stream is not delivered as a line.
+    log.framer.feed(std::string(9, 'q'));
+    log.framer.finish();
+    CHECK(log.lines.size() == 3);
+    CHECK(log.too_long == 3);
+}
+
+TEST_CASE("listen addresses")
+{
+    ListenAddress vsock = parse_listen_address("vsock:52");
+    CHECK(vsock.kind == ListenAddress::Kind::vsock);
+    CHECK(vsock.port == 52);
+    ListenAddress unix_socket = parse_listen_address("unix:/tmp/agent.sock");
+    CHECK(unix_socket.kind == ListenAddress::Kind::unix_socket);
+    CHECK(unix_socket.path == "/tmp/agent.sock");
+    for (const char* bad : {"", "vsock:", "vsock:0", "vsock:x", "vsock:52x", "vsock:-1", "vsock:4294967295",
+             "vsock:99999999999", "unix:", "tcp:1", "52"})
+        CHECK_THROWS_AS_MESSAGE(parse_listen_address(bad), Error, bad);
+    CHECK_THROWS_AS(parse_listen_address("unix:" + std::string(200, 'p')), Error);
+}

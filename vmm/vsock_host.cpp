@@ -1,0 +1,338 @@
+#include "vmm/vsock_host.hpp"
+
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <cerrno>
+#include <charconv>
+#include <cstring>
+#include <mutex>
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include "vmm/error.hpp"
+
+namespace agentvm {
+namespace {
+
+// "CONNECT 4294967295\n" is 19 bytes; a client that sends more without a newline is not
+// speaking the protocol.
+constexpr size_t max_connect_line = 32;
+constexpr size_t read_chunk = vsock_max_payload;
+
+sockaddr_un unix_address(const std::string& path)
+{
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    if (path.size() >= sizeof(addr.sun_path))
+        throw Error(fmt::format("vsock socket path '{}' is longer than {} bytes", path,
+                                sizeof(addr.sun_path) - 1));
+    std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+    return addr;
+}
+
+Fd unix_stream_socket()
+{
+    Fd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+    if (!fd)
+        throw_errno("creating a Unix socket for vsock");
+    return fd;
+}
+
+std::optional<uint32_t> parse_connect_line(std::string_view line)
+{
+    constexpr std::string_view verb = "CONNECT ";
+    if (line.substr(0, verb.size()) != verb)
+        return std::nullopt;
+    line.remove_prefix(verb.size());
+    uint32_t port = 0;
+    const auto [end, ec] = std::from_chars(line.data(), line.data() + line.size(), port);
+    if (ec != std::errc{} || end != line.data() + line.size())
+        return std::nullopt;
+    return port;
+}
+
+} // namespace
+
+struct VsockHost::Stream {
+    enum class Phase { handshake, connecting, relaying };
+
+    Fd fd;
+    VsockConnId id{};
+    Phase phase = Phase::handshake;
+    bool closed = false;
+    bool detached = false;               // the device dropped the connection; flush and close
+
+    std::vector<uint8_t> line;           // the CONNECT line, as far as it has arrived
+    std::array<uint8_t, read_chunk> in{};  // host -> guest
+    iovec in_iov{};
+    bool reading = false;
+    bool read_paused = false;            // waiting for the device to have room again
+
+    std::deque<uint8_t> out;             // guest -> host, not yet written
+    std::vector<uint8_t> out_batch;      // the bytes of the write in flight
+    iovec out_iov{};
+    bool writing = false;
+    bool shut_write_when_flushed = false;
+    size_t own_bytes = 0;                // head of `out` that is our "OK" line, not guest data
+};
+
+VsockHost::VsockHost(EventLoop& loop, std::optional<std::string> path)
+    : loop_(loop), path_(std::move(path))
+{
+    if (!path_)
+        return;
+    const sockaddr_un addr = unix_address(*path_);
+    listener_ = unix_stream_socket();
+    if (::bind(listener_.get(), reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) != 0)
+        throw_errno(fmt::format("cannot listen for vsock connections at '{}'", *path_));
+    if (::listen(listener_.get(), 64) != 0)
+        throw_errno(fmt::format("listen on '{}'", *path_));
+    loop_.watch_readable(listener_.get(), [this] { accept_clients(); });
+}
+
+VsockHost::~VsockHost()
+{
+    if (listener_) {
+        loop_.unwatch(listener_.get());
+        ::unlink(path_->c_str());
+    }
+}
+
+void VsockHost::close_all()
+{
+    if (listener_)
+        loop_.unwatch(listener_.get());
+    std::unique_lock<std::recursive_mutex> lock;
+    if (device_)
+        lock = std::unique_lock(device_->mutex());
+    for (auto& [id, s] : streams_) {
+        s->closed = true;
+        ::shutdown(s->fd.get(), SHUT_RDWR);  // completes any read in flight
+    }
+    streams_.clear();
+}
+
+void VsockHost::accept_clients()
+{
+    for (;;) {
+        Fd fd(::accept4(listener_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
+        if (!fd) {
+            if (errno != EAGAIN && errno != EINTR)
+                spdlog::warn("vsock: accept on '{}' failed: {}", *path_, std::strerror(errno));
+            return;
+        }
+        auto s = std::make_shared<Stream>();
+        s->fd = std::move(fd);
+        read_connect_line(s);
+    }
+}
+
+void VsockHost::read_connect_line(const StreamPtr& s)
+{
+    // One byte at a time: whatever follows the newline is stream data and must stay in the
+    // socket for the relay to read.
+    s->in_iov = {s->in.data(), 1};
+    loop_.readv(s->fd.get(), &s->in_iov, 1, 0, [this, s](int32_t res) {
+        if (res <= 0 || s->closed)
+            return;
+        const uint8_t byte = s->in[0];
+        if (byte != '\n') {
+            s->line.push_back(byte);
+            if (s->line.size() > max_connect_line) {
+                spdlog::warn("vsock: a client at '{}' sent no CONNECT line; closing it", *path_);
+                return;
+            }
+            read_connect_line(s);
+            return;
+        }
+        const std::string_view text(reinterpret_cast<const char*>(s->line.data()), s->line.size());
+        const auto port = parse_connect_line(text);
+        std::lock_guard lock(device_->mutex());
+        if (!port) {
+            spdlog::warn("vsock: bad handshake '{}' at '{}'; closing it", text, *path_);
+            return;
+        }
+        s->id = {next_host_port_++, *port};
+        s->phase = Stream::Phase::connecting;
+        streams_[s->id] = s;
+        if (!device_->connect(s->id)) {
+            streams_.erase(s->id);
+            spdlog::debug("vsock: guest cannot take a connection to port {} now", *port);
+        }
+    });
+}
+
+bool VsockHost::on_connect_request(VsockConnId id)
+{
+    if (!path_ || streams_.count(id))
+        return false;
+    const std::string target = fmt::format("{}_{}", *path_, id.host_port);
+    const sockaddr_un addr = unix_address(target);
+    auto s = std::make_shared<Stream>();
+    s->fd = unix_stream_socket();
+    // A Unix socket connect completes at once or fails at once (EAGAIN: backlog full).
+    if (::connect(s->fd.get(), reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) != 0) {
+        spdlog::debug("vsock: guest port {} -> host port {}: nothing listens at '{}' ({})",
+                      id.guest_port, id.host_port, target, std::strerror(errno));
+        return false;
+    }
+    s->id = id;
+    streams_[id] = s;
+    // The device registers the connection only once we return, so its send budget is not
+    // known yet; a fresh connection's budget is the whole send queue, larger than one read.
+    s->phase = Stream::Phase::relaying;
+    read_from_host(s, s->in.size());
+    return true;
+}
+
+void VsockHost::on_connected(VsockConnId id)
+{
+    const auto it = streams_.find(id);
+    if (it == streams_.end())
+        return;
+    const StreamPtr s = it->second;
+    // The acknowledgement goes out first, through the same ordered write path as data.
+    const std::string ok = fmt::format("OK {}\n", id.host_port);
+    s->out.insert(s->out.end(), ok.begin(), ok.end());
+    s->own_bytes += ok.size();
+    write_to_host(s);
+    s->phase = Stream::Phase::relaying;
+    read_from_host(s, device_->send_budget(id));
+}
+
+void VsockHost::read_from_host(const StreamPtr& s, size_t budget_now)
+{
+    if (s->closed || s->reading)
+        return;
+    const size_t budget = std::min(budget_now, s->in.size());
+    if (budget == 0) {
+        s->read_paused = true;
+        return;
+    }
+    s->read_paused = false;
+    s->reading = true;
+    s->in_iov = {s->in.data(), budget};
+    loop_.readv(s->fd.get(), &s->in_iov, 1, 0, [this, s](int32_t res) {
+        std::lock_guard lock(device_->mutex());
+        s->reading = false;
+        if (s->closed || s->detached)
+            return;
+        if (res < 0) {
+            spdlog::debug("vsock: host side of port {} failed: {}", s->id.guest_port, std::strerror(-res));
+            device_->reset(s->id);
+            drop(s);
+            return;
+        }
+        if (res == 0) {
+            // Host end-of-file: the guest reads to the end of what was sent, then EOF.
+            device_->shutdown(s->id, VIRTIO_VSOCK_SHUTDOWN_SEND);
+            return;
+        }
+        device_->send(s->id, {s->in.data(), static_cast<size_t>(res)});
+        read_from_host(s, device_->send_budget(s->id));
+    });
+}
+
+size_t VsockHost::on_data(VsockConnId id, std::span<const uint8_t> data)
+{
+    const auto it = streams_.find(id);
+    if (it == streams_.end())
+        return data.size();  // nobody to give it to: take it so the guest is not stalled
+    // Held here, reported through consumed() as the host socket takes it; the device never
+    // lets more than its advertised credit be outstanding, which bounds this buffer.
+    it->second->out.insert(it->second->out.end(), data.begin(), data.end());
+    write_to_host(it->second);
+    return 0;
+}
+
+void VsockHost::write_to_host(const StreamPtr& s)
+{
+    if (s->closed || s->writing)
+        return;
+    if (s->out.empty()) {
+        if (s->detached) {
+            s->closed = true;
+            ::shutdown(s->fd.get(), SHUT_RDWR);
+        } else if (s->shut_write_when_flushed) {
+            ::shutdown(s->fd.get(), SHUT_WR);
+        }
+        return;
+    }
+    const size_t n = std::min(s->out.size(), read_chunk);
+    s->out_batch.assign(s->out.begin(), s->out.begin() + static_cast<ptrdiff_t>(n));
+    s->out_iov = {s->out_batch.data(), n};
+    s->writing = true;
+    loop_.writev(s->fd.get(), &s->out_iov, 1, 0, [this, s](int32_t res) {
+        std::lock_guard lock(device_->mutex());
+        s->writing = false;
+        if (s->closed)
+            return;
+        if (res <= 0) {
+            spdlog::debug("vsock: writing to the host side of port {} failed: {}", s->id.guest_port,
+                          res < 0 ? std::strerror(-res) : "closed");
+            device_->reset(s->id);
+            drop(s);
+            return;
+        }
+        const auto written = static_cast<size_t>(res);
+        s->out.erase(s->out.begin(), s->out.begin() + static_cast<ptrdiff_t>(written));
+        const size_t own = std::min(written, s->own_bytes);
+        s->own_bytes -= own;
+        if (written > own && !s->detached && device_->has_connection(s->id))
+            device_->consumed(s->id, written - own);
+        write_to_host(s);
+    });
+}
+
+void VsockHost::on_shutdown(VsockConnId id, uint32_t flags)
+{
+    const auto it = streams_.find(id);
+    if (it == streams_.end())
+        return;
+    if (flags & VIRTIO_VSOCK_SHUTDOWN_SEND) {
+        it->second->shut_write_when_flushed = true;
+        write_to_host(it->second);
+    }
+}
+
+void VsockHost::on_closed(VsockConnId id)
+{
+    const auto it = streams_.find(id);
+    if (it == streams_.end())
+        return;
+    const StreamPtr s = it->second;
+    streams_.erase(it);
+    s->detached = true;
+    // A guest that shut down its sending side first closed gracefully: what it sent before
+    // still goes to the host, then the stream closes (write_to_host finishes the job; this
+    // path runs on the loop thread, from the guest's SHUTDOWN).
+    if (s->shut_write_when_flushed && (s->writing || !s->out.empty()))
+        return;
+    // Otherwise it is an abort: RST, protocol violation, or a driver reset, which may run
+    // on a vCPU thread, so only mark and shut down here; the loop's completions see
+    // `closed` and let the stream go.
+    s->closed = true;
+    ::shutdown(s->fd.get(), SHUT_RDWR);
+}
+
+void VsockHost::on_send_space(VsockConnId id)
+{
+    const auto it = streams_.find(id);
+    if (it != streams_.end() && it->second->read_paused)
+        read_from_host(it->second, device_->send_budget(id));
+}
+
+void VsockHost::drop(const StreamPtr& s)
+{
+    s->closed = true;
+    ::shutdown(s->fd.get(), SHUT_RDWR);
+    streams_.erase(s->id);
+}
+
+} // namespace agentvm
