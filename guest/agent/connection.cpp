@@ -119,7 +119,11 @@ void Connection::handle_line(std::string&& line)
 
     try {
         if (auto* exec = std::get_if<ExecRequest>(&request.op)) {
-            start_exec(std::move(request.id), std::move(*exec));
+            start_call(request.id, [this, id = request.id, exec = std::move(*exec)] {
+                return run_exec(id, exec, outbox_, cancel_.get());
+            });
+        } else if (auto* shell = std::get_if<ShellRequest>(&request.op)) {
+            start_shell(std::move(request.id), std::move(*shell));
         } else if (auto* write = std::get_if<WriteFileRequest>(&request.op)) {
             const size_t bytes = write_file(*write);
             outbox_.send(to_line(Json{{"id", request.id}, {"ok", true}, {"bytes", bytes}}));
@@ -137,16 +141,51 @@ void Connection::handle_line(std::string&& line)
     }
 }
 
-void Connection::start_exec(Json id, ExecRequest request)
+void Connection::start_shell(Json id, ShellRequest request)
+{
+    uint64_t ticket;
+    {
+        std::lock_guard lock(mutex_);
+        ticket = shell_tickets_++;
+    }
+    try {
+        start_call(id, [this, id, ticket, request = std::move(request)] {
+            std::unique_lock lock(mutex_);
+            shell_turn_changed_.wait(lock, [&] { return shell_turn_ == ticket; });
+            lock.unlock();
+            // Pass the turn on however this call ends.
+            struct NextTurn {
+                Connection& connection;
+                uint64_t ticket;
+                ~NextTurn() { connection.finish_shell_turn(ticket); }
+            } next_turn{*this, ticket};
+            return shell_.run(id, request, outbox_, cancel_.get());
+        });
+    } catch (const CallError&) {
+        finish_shell_turn(ticket); // this call will not run: let the next one
+        throw;
+    }
+}
+
+void Connection::finish_shell_turn(uint64_t ticket)
+{
+    std::lock_guard lock(mutex_);
+    finished_shell_tickets_.insert(ticket);
+    while (finished_shell_tickets_.erase(shell_turn_))
+        ++shell_turn_;
+    shell_turn_changed_.notify_all();
+}
+
+void Connection::start_call(Json id, std::function<Json()> call)
 {
     {
         std::lock_guard lock(mutex_);
         ++running_calls_;
     }
-    auto run = [this, id = std::move(id), request = std::move(request)] {
+    auto run = [this, id = std::move(id), call = std::move(call)] {
         Json response;
         try {
-            response = run_exec(id, request, outbox_, cancel_.get());
+            response = call();
         } catch (const CallError& e) {
             response = error_response(id, e.code(), e.what());
         } catch (const std::exception& e) {

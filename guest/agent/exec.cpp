@@ -3,18 +3,18 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
-#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
-#include <fstream>
+#include <optional>
 
+#include "guest/agent/capture.hpp"
 #include "guest/agent/child_setup.hpp"
 #include "vmm/error.hpp"
 #include "vmm/fd.hpp"
@@ -25,23 +25,21 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// Once the command has exited, output still in flight is read until its pipes close, but a
-// background process that keeps them open must not hold the call: stop after the pipes
-// stay quiet this long, or after the hard cap whatever they do.
-constexpr std::chrono::milliseconds quiet_after_exit{50};
-constexpr std::chrono::milliseconds drain_cap_after_exit{500};
-
 // The kernel counts OOM kills system-wide; a rise across the call, together with the
 // child dying of SIGKILL we did not send, is how the call learns the OOM killer hit it.
 uint64_t read_oom_kills()
 {
-    std::ifstream vmstat("/proc/vmstat");
-    std::string name;
-    uint64_t value = 0;
-    while (vmstat >> name >> value)
-        if (name == "oom_kill")
-            return value;
-    return 0;
+    // Not an ifstream: that would open without O_CLOEXEC and leak into a concurrent fork.
+    Fd fd(::open("/proc/vmstat", O_RDONLY | O_CLOEXEC));
+    if (!fd)
+        return 0;
+    std::string text(16384, '\0');
+    size_t filled = 0;
+    for (ssize_t n; (n = ::read(fd.get(), text.data() + filled, text.size() - filled)) > 0;)
+        filled += static_cast<size_t>(n);
+    text.resize(filled);
+    const size_t at = text.find("\noom_kill ");
+    return at == std::string::npos ? 0 : std::strtoull(text.c_str() + at + 10, nullptr, 10);
 }
 
 struct Pipe {
@@ -56,30 +54,6 @@ Pipe make_pipe()
         throw CallError("spawn_failed", std::string("pipe: ") + std::strerror(errno));
     return {Fd(fds[0]), Fd(fds[1])};
 }
-
-void set_nonblocking(int fd)
-{
-    ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
-}
-
-// One of the child's output pipes and what was kept of it.
-struct Capture {
-    const char* name;
-    Fd fd;
-    uint64_t limit;
-    std::string kept;
-    bool truncated = false;
-
-    // Returns the part of `chunk` that was kept (what a stream event may carry).
-    std::string_view take(std::string_view chunk)
-    {
-        const size_t room = static_cast<size_t>(std::min<uint64_t>(limit - kept.size(), chunk.size()));
-        if (room < chunk.size())
-            truncated = true;
-        kept.append(chunk.substr(0, room));
-        return chunk.substr(0, room);
-    }
-};
 
 void kill_group(pid_t pgid)
 {
@@ -141,15 +115,13 @@ Json run_exec(const Json& id, const ExecRequest& request, Outbox& outbox, int ca
     }
 
     Capture captures[2] = {
-        {"stdout", std::move(out.read), request.max_output, {}},
-        {"stderr", std::move(err.read), request.max_output, {}},
+        {"stdout", std::move(out.read), request.max_output},
+        {"stderr", std::move(err.read), request.max_output},
     };
-    for (Capture& capture : captures)
-        set_nonblocking(capture.fd.get());
     std::string_view pending_stdin;
     if (request.stdin_data) {
         pending_stdin = *request.stdin_data;
-        set_nonblocking(in.write.get());
+        ::fcntl(in.write.get(), F_SETFL, ::fcntl(in.write.get(), F_GETFL) | O_NONBLOCK);
         if (pending_stdin.empty())
             in.write.reset();
     }
@@ -165,12 +137,11 @@ Json run_exec(const Json& id, const ExecRequest& request, Outbox& outbox, int ca
     int wait_status = 0;
     Clock::time_point end{};
     Clock::time_point last_output{};
-    std::string buffer(256 * 1024, '\0');
 
     for (;;) {
         const Clock::time_point now = Clock::now();
         if (exited) {
-            const bool open = captures[0].fd || captures[1].fd;
+            const bool open = captures[0].open() || captures[1].open();
             if (!open || now - last_output >= quiet_after_exit || now - end >= drain_cap_after_exit)
                 break;
         } else if (deadline && now >= *deadline && !timed_out) {
@@ -182,9 +153,9 @@ Json run_exec(const Json& id, const ExecRequest& request, Outbox& outbox, int ca
         int count = 0;
         int index[2] = {-1, -1};
         for (int i = 0; i < 2; ++i)
-            if (captures[i].fd) {
+            if (captures[i].open()) {
                 index[i] = count;
-                fds[count++] = {captures[i].fd.get(), POLLIN, 0};
+                fds[count++] = {captures[i].fd(), POLLIN, 0};
             }
         int stdin_index = -1;
         if (in.write) {
@@ -214,19 +185,8 @@ Json run_exec(const Json& id, const ExecRequest& request, Outbox& outbox, int ca
         for (int i = 0; i < 2; ++i) {
             if (index[i] < 0 || fds[index[i]].revents == 0)
                 continue;
-            Capture& capture = captures[i];
-            const ssize_t n = ::read(capture.fd.get(), buffer.data(), buffer.size());
-            if (n > 0) {
+            if (captures[i].read_some(id, request.stream, outbox))
                 last_output = Clock::now();
-                std::string_view kept = capture.take({buffer.data(), static_cast<size_t>(n)});
-                if (request.stream && !kept.empty()) {
-                    Json event{{"id", id}, {"event", capture.name}};
-                    put_bytes(event, "data", kept);
-                    outbox.send(to_line(event));
-                }
-            } else if (n == 0 || (errno != EAGAIN && errno != EINTR)) {
-                capture.fd.reset();
-            }
         }
         if (stdin_index >= 0 && fds[stdin_index].revents != 0) {
             const ssize_t n = ::write(in.write.get(), pending_stdin.data(), pending_stdin.size());
@@ -258,10 +218,8 @@ Json run_exec(const Json& id, const ExecRequest& request, Outbox& outbox, int ca
     response["timed_out"] = timed_out;
     response["oom_killed"] = killed && WTERMSIG(wait_status) == SIGKILL && !timed_out
         && !cancelled && read_oom_kills() > oom_before;
-    put_bytes(response, "stdout", captures[0].kept);
-    put_bytes(response, "stderr", captures[1].kept);
-    response["stdout_truncated"] = captures[0].truncated;
-    response["stderr_truncated"] = captures[1].truncated;
+    captures[0].put(response);
+    captures[1].put(response);
     response["duration_ms"] = std::chrono::duration_cast<std::chrono::milliseconds>(end - start).count();
     return response;
 }

@@ -51,6 +51,41 @@ bool optional_bool(const Json& object, const std::string& name)
     return it->get<bool>();
 }
 
+std::optional<double> optional_timeout(const Json& object)
+{
+    auto timeout = object.find("timeout");
+    if (timeout == object.end() || timeout->is_null())
+        return std::nullopt;
+    if (!timeout->is_number() || !std::isfinite(timeout->get<double>()) || timeout->get<double>() <= 0)
+        bad_field("timeout", "must be a positive number of seconds");
+    return timeout->get<double>();
+}
+
+uint64_t optional_max_output(const Json& object)
+{
+    auto max = object.find("max_output");
+    if (max == object.end() || max->is_null())
+        return default_max_output;
+    if (!max->is_number_unsigned())
+        bad_field("max_output", "must be a non-negative integer");
+    return max->get<uint64_t>();
+}
+
+ShellRequest parse_shell(const Json& object)
+{
+    ShellRequest shell;
+    shell.cmd = require_string(object, "cmd");
+    // The line travels to bash as text; a NUL would cut it short.
+    if (shell.cmd.find('\0') != std::string::npos)
+        bad_field("cmd", "must not contain NUL");
+    if (object.contains("stdin") || object.contains("stdin_b64"))
+        bad_field("stdin", "is not supported by shell (commands read /dev/null); use exec");
+    shell.timeout_s = optional_timeout(object);
+    shell.max_output = optional_max_output(object);
+    shell.stream = optional_bool(object, "stream");
+    return shell;
+}
+
 ExecRequest parse_exec(const Json& object)
 {
     ExecRequest exec;
@@ -82,17 +117,8 @@ ExecRequest parse_exec(const Json& object)
     }
     exec.cwd = optional_string(object, "cwd");
     exec.stdin_data = get_bytes(object, "stdin");
-    if (auto timeout = object.find("timeout"); timeout != object.end() && !timeout->is_null()) {
-        if (!timeout->is_number() || !std::isfinite(timeout->get<double>())
-            || timeout->get<double>() <= 0)
-            bad_field("timeout", "must be a positive number of seconds");
-        exec.timeout_s = timeout->get<double>();
-    }
-    if (auto max = object.find("max_output"); max != object.end() && !max->is_null()) {
-        if (!max->is_number_unsigned())
-            bad_field("max_output", "must be a non-negative integer");
-        exec.max_output = max->get<uint64_t>();
-    }
+    exec.timeout_s = optional_timeout(object);
+    exec.max_output = optional_max_output(object);
     exec.stream = optional_bool(object, "stream");
     return exec;
 }
@@ -136,6 +162,8 @@ Request parse_request(std::string_view line)
         const std::string op = require_string(object, "op");
         if (op == "exec")
             request.op = parse_exec(object);
+        else if (op == "shell")
+            request.op = parse_shell(object);
         else if (op == "write_file")
             request.op = parse_write_file(object);
         else if (op == "read_file")

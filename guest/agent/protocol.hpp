@@ -47,6 +47,14 @@ struct ExecRequest {
     bool stream = false;
 };
 
+// One command line for the connection's persistent bash (see shell.hpp).
+struct ShellRequest {
+    std::string cmd;
+    std::optional<double> timeout_s;
+    uint64_t max_output = default_max_output;
+    bool stream = false;
+};
+
 struct WriteFileRequest {
     std::string path;
     std::string data;
@@ -62,7 +70,7 @@ struct CloseRequest {};
 
 struct Request {
     Json id;
-    std::variant<ExecRequest, WriteFileRequest, ReadFileRequest, CloseRequest> op;
+    std::variant<ExecRequest, ShellRequest, WriteFileRequest, ReadFileRequest, CloseRequest> op;
 };
 
 // A line that cannot become a Request: the error plus whatever id could be recovered

@@ -90,6 +90,8 @@ public:
         REQUIRE(pid_ >= 0);
         if (pid_ == 0) {
             const std::string listen = "unix:" + socket_path_;
+            // The agent's shell FIFOs then go in dir_, removed with it.
+            ::setenv("TMPDIR", dir_.c_str(), 1);
             ::execl(AGENTVM_AGENT_BIN, AGENTVM_AGENT_BIN, "--listen", listen.c_str(), nullptr);
             ::_exit(127);
         }
@@ -145,6 +147,7 @@ public:
         }
     }
     void send(const Json& request) { send_raw(to_line(request)); }
+    void shutdown_sending() { ::shutdown(fd_, SHUT_WR); }
 
     // The next line, parsed; fails the test after reply_timeout. nullopt at EOF.
     std::optional<Json> next()
@@ -518,6 +521,17 @@ TEST_CASE("close answers, then ends the connection after earlier calls finish")
     CHECK_FALSE(client.next());
 }
 
+TEST_CASE("a client that only shuts down its sending side still gets its answers")
+{
+    Agent agent;
+    Client client(agent);
+    client.send({{"id", 1}, {"op", "exec"}, {"argv", {"sh", "-c", "sleep 0.3; echo done"}}});
+    client.shutdown_sending();
+    Json r = client.next_line();
+    CHECK(bytes_of(r, "stdout") == "done\n");
+    CHECK_FALSE(client.next()); // then the agent closes
+}
+
 TEST_CASE("a client that hangs up cancels its calls; the agent keeps serving")
 {
     Agent agent;
@@ -533,5 +547,88 @@ TEST_CASE("a client that hangs up cancels its calls; the agent keeps serving")
     CHECK(gone(marker));
     Client again(agent);
     CHECK(bytes_of(again.exec({{"argv", {"echo", "ok"}}}), "stdout") == "ok\n");
+    CHECK(agent.alive());
+}
+
+TEST_CASE("shell: cd, exports and functions persist between calls; errors do not wedge it")
+{
+    Agent agent;
+    Client client(agent);
+    int id = 0;
+    auto shell = [&](const std::string& cmd, Json extra = Json::object()) {
+        extra["id"] = ++id;
+        extra["op"] = "shell";
+        extra["cmd"] = cmd;
+        return client.call(extra);
+    };
+    Json first = shell("cd '" + agent.dir() + "' && export GREETING=hi && f() { echo \"f:$1\"; }");
+    CHECK(first["exit_code"] == 0);
+    Json second = shell("pwd; echo $GREETING; f x; echo err >&2");
+    CHECK(bytes_of(second, "stdout") == agent.dir() + "\nhi\nf:x\n");
+    CHECK(bytes_of(second, "stderr") == "err\n");
+    CHECK(second["stdout_truncated"] == false);
+    CHECK(shell("false")["exit_code"] == 1);
+    CHECK(shell("sh -c 'kill -TERM $$'")["exit_code"] == 128 + SIGTERM);
+    // A syntax error is the command's failure, not the shell's.
+    Json syntax = shell("if then fi '");
+    CHECK(syntax["exit_code"] == 2);
+    CHECK(bytes_of(shell("echo $GREETING"), "stdout") == "hi\n");
+    // Multi-line commands and quotes pass through intact.
+    CHECK(bytes_of(shell("for i in 1 2; do\n  echo \"it's $i\"\ndone"), "stdout") == "it's 1\nit's 2\n");
+    CHECK(bytes_of(shell("yes | head -c 100000", {{"max_output", 10}}), "stdout") == "y\ny\ny\ny\ny\n");
+}
+
+TEST_CASE("shell: background jobs survive the call; timeout and exit restart the shell")
+{
+    Agent agent;
+    const std::string marker = "1000." + std::to_string(::getpid()) + "3";
+    {
+        Client client(agent);
+        int id = 0;
+        auto shell = [&](const std::string& cmd, Json extra = Json::object()) {
+            extra["id"] = ++id;
+            extra["op"] = "shell";
+            extra["cmd"] = cmd;
+            return client.call(extra);
+        };
+        const auto start = Clock::now();
+        Json background = shell("sleep " + marker + " & echo started");
+        CHECK(bytes_of(background, "stdout") == "started\n");
+        CHECK(Clock::now() - start < std::chrono::seconds(2));
+        CHECK_FALSE(processes_with(marker).empty());
+        CHECK(bytes_of(shell("jobs | wc -l"), "stdout") == "1\n");
+
+        shell("cd /");
+        Json timed = shell("sleep 30", {{"timeout", 0.3}});
+        CHECK(timed["timed_out"] == true);
+        CHECK(timed["signal"] == SIGKILL);
+        CHECK(gone(marker)); // the timeout took the whole shell, jobs included
+        CHECK(bytes_of(shell("pwd"), "stdout") != "/\n"); // a fresh shell
+
+        Json exited = shell("exit 4");
+        CHECK(exited["exit_code"] == 4);
+        CHECK(exited["signal"].is_null());
+        CHECK(bytes_of(shell("echo back"), "stdout") == "back\n");
+
+        // The shell killed between calls, by a job of its own: the next call starts anew.
+        CHECK(shell("(sleep 0.1; kill -KILL $$) >/dev/null 2>&1 &")["exit_code"] == 0);
+        std::this_thread::sleep_for(std::chrono::milliseconds(400));
+        CHECK(bytes_of(shell("echo again"), "stdout") == "again\n");
+
+        // Calls pipelined on the shell run in order.
+        for (int i = 0; i < 5; ++i)
+            client.send({{"id", 100 + i}, {"op", "shell"}, {"cmd", "echo " + std::to_string(i) + " >> order.txt; cat order.txt | wc -l"}});
+        std::map<int, std::string> outputs;
+        for (int i = 0; i < 5; ++i) {
+            Json r = client.next_line();
+            outputs[r["id"].get<int>() - 100] = bytes_of(r, "stdout");
+        }
+        for (int i = 0; i < 5; ++i)
+            CHECK(outputs[i] == std::to_string(i + 1) + "\n");
+        shell("rm -f order.txt; sleep " + marker + " &");
+        CHECK_FALSE(processes_with(marker).empty());
+    }
+    // Closing the connection ends its shell and the shell's jobs.
+    CHECK(gone(marker));
     CHECK(agent.alive());
 }

@@ -160,6 +160,21 @@ TEST_CASE("exec requests parse with defaults and every option")
     CHECK(exec.stream);
 }
 
+TEST_CASE("shell requests parse")
+{
+    Request request = parse_request(R"({"id":9,"op":"shell","cmd":"cd /tmp && ls","timeout":2,"stream":true})");
+    auto& shell = std::get<ShellRequest>(request.op);
+    CHECK(shell.cmd == "cd /tmp && ls");
+    CHECK(shell.timeout_s == std::optional<double>(2));
+    CHECK(shell.max_output == default_max_output);
+    CHECK(shell.stream);
+    CHECK(error_code_of(R"({"id":1,"op":"shell"})") == "missing_field");
+    CHECK(error_code_of(R"({"id":1,"op":"shell","cmd":["ls"]})") == "bad_field");
+    CHECK(error_code_of(R"({"id":1,"op":"shell","cmd":"a\u0000b"})") == "bad_field");
+    CHECK(error_code_of(R"({"id":1,"op":"shell","cmd":"cat","stdin":"x"})") == "bad_field");
+    CHECK(error_code_of(R"({"id":1,"op":"shell","cmd":"ls","timeout":0})") == "bad_field");
+}
+
 TEST_CASE("file and close requests parse")
 {
     auto write = std::get<WriteFileRequest>(

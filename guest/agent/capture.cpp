@@ -1,0 +1,46 @@
+#include "guest/agent/capture.hpp"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+
+namespace agentvm {
+
+Capture::Capture(const char* name, Fd fd, uint64_t limit) : name_(name), fd_(std::move(fd)), limit_(limit)
+{
+    ::fcntl(fd_.get(), F_SETFL, ::fcntl(fd_.get(), F_GETFL) | O_NONBLOCK);
+}
+
+bool Capture::read_some(const Json& id, bool stream, Outbox& outbox)
+{
+    char buffer[64 * 1024];
+    const ssize_t n = ::read(fd_.get(), buffer, sizeof(buffer));
+    if (n < 0 && (errno == EAGAIN || errno == EINTR))
+        return false;
+    if (n <= 0) {
+        fd_.reset();
+        return false;
+    }
+    const std::string_view chunk(buffer, static_cast<size_t>(n));
+    const size_t room = static_cast<size_t>(std::min<uint64_t>(limit_ - kept_.size(), chunk.size()));
+    if (room < chunk.size())
+        truncated_ = true;
+    const std::string_view kept = chunk.substr(0, room);
+    kept_.append(kept);
+    if (stream && !kept.empty()) {
+        Json event{{"id", id}, {"event", name_}};
+        put_bytes(event, "data", kept);
+        outbox.send(to_line(event));
+    }
+    return true;
+}
+
+void Capture::put(Json& response) const
+{
+    put_bytes(response, name_, kept_);
+    response[std::string(name_) + "_truncated"] = truncated_;
+}
+
+} // namespace agentvm

@@ -1,0 +1,277 @@
+#include "guest/agent/shell.hpp"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <optional>
+
+#include "guest/agent/capture.hpp"
+#include "guest/agent/child_setup.hpp"
+#include "vmm/error.hpp"
+
+namespace agentvm {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// For bash: the text inside single quotes, each ' closed, escaped and reopened.
+std::string quote(std::string_view text)
+{
+    std::string quoted = "'";
+    for (char c : text) {
+        if (c == '\'')
+            quoted += "'\\''";
+        else
+            quoted += c;
+    }
+    quoted += '\'';
+    return quoted;
+}
+
+[[noreturn]] void fail(const std::string& what)
+{
+    throw CallError("spawn_failed", "shell: " + what + ": " + std::strerror(errno));
+}
+
+Fd open_fifo(const std::string& path)
+{
+    if (::mkfifo(path.c_str(), 0600) != 0)
+        fail("mkfifo " + path);
+    // Non-blocking: opening the read end must not wait for bash to open the other.
+    Fd fd(::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC));
+    if (!fd)
+        fail("open " + path);
+    return fd;
+}
+
+void write_all(int fd, std::string_view text)
+{
+    while (!text.empty()) {
+        const ssize_t n = ::write(fd, text.data(), text.size());
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0)
+            fail("write command");
+        text.remove_prefix(static_cast<size_t>(n));
+    }
+}
+
+} // namespace
+
+Shell::~Shell()
+{
+    stop();
+}
+
+void Shell::start()
+{
+    // Under $TMPDIR when set, so a test can have an agent it kills leave nothing behind.
+    const char* tmp = std::getenv("TMPDIR");
+    std::string dir = std::string(tmp && *tmp ? tmp : "/tmp") + "/agentvm-shell.XXXXXX";
+    if (!::mkdtemp(dir.data()))
+        fail("mkdtemp");
+    dir_ = dir;
+    status_ = open_fifo(dir_ + "/status");
+
+    ExecRequest bash;
+    bash.argv = {"bash", "--noprofile", "--norc"};
+    ChildPlan plan = plan_child(bash);
+    int control[2];
+    if (::pipe2(control, O_CLOEXEC) != 0)
+        fail("pipe");
+    Fd control_read(control[0]);
+    control_ = Fd(control[1]);
+    Fd null(::open("/dev/null", O_RDWR | O_CLOEXEC));
+    int failure_pipe[2];
+    if (!null || ::pipe2(failure_pipe, O_CLOEXEC) != 0)
+        fail("/dev/null");
+    Fd failure_read(failure_pipe[0]);
+    Fd failure_write(failure_pipe[1]);
+
+    pid_ = ::fork();
+    if (pid_ < 0)
+        fail("fork");
+    if (pid_ == 0)
+        exec_child(plan, control_read.get(), null.get(), null.get(), failure_write.get());
+    failure_write.reset();
+    ChildFailure failure{};
+    if (::read(failure_read.get(), &failure, sizeof(failure)) > 0) {
+        ::waitpid(pid_, nullptr, 0);
+        pid_ = -1;
+        throw_child_failure(plan, failure);
+    }
+    pidfd_ = Fd(static_cast<int>(::syscall(SYS_pidfd_open, pid_, 0)));
+    if (!pidfd_) {
+        const int err = errno;
+        stop();
+        errno = err;
+        fail("pidfd_open");
+    }
+    write_all(control_.get(), "exec 3>" + quote(dir_ + "/status") + "\n");
+}
+
+void Shell::stop()
+{
+    if (pid_ > 0) {
+        ::kill(-pid_, SIGKILL);
+        while (::waitpid(pid_, nullptr, 0) < 0 && errno == EINTR) {
+        }
+    }
+    pid_ = -1;
+    pidfd_.reset();
+    control_.reset();
+    status_.reset();
+    status_pending_.clear();
+    if (!dir_.empty()) {
+        // Only FIFOs of ours live there; each call removes its own.
+        ::unlink((dir_ + "/status").c_str());
+        ::rmdir(dir_.c_str());
+        dir_.clear();
+    }
+}
+
+Json Shell::run(const Json& id, const ShellRequest& request, Outbox& outbox, int cancel_fd)
+{
+    // bash may have died between calls (a background job killed it): start afresh
+    // rather than write to a dead pipe.
+    if (pid_ > 0) {
+        pollfd exited{pidfd_.get(), POLLIN, 0};
+        if (::poll(&exited, 1, 0) > 0)
+            stop();
+    }
+    if (pid_ < 0)
+        start();
+    const std::string n = std::to_string(++calls_);
+    const std::string out_path = dir_ + "/out." + n;
+    const std::string err_path = dir_ + "/err." + n;
+    Capture captures[2] = {
+        {"stdout", open_fifo(out_path), request.max_output},
+        {"stderr", open_fifo(err_path), request.max_output},
+    };
+
+    const Clock::time_point start_time = Clock::now();
+    try {
+        write_all(control_.get(), "eval " + quote(request.cmd) + " >" + quote(out_path) + " 2>" + quote(err_path)
+                + " </dev/null 3>&-; printf '%d\\n' \"$?\" >&3\n");
+    } catch (const CallError&) {
+        ::unlink(out_path.c_str());
+        ::unlink(err_path.c_str());
+        stop();
+        throw;
+    }
+
+    std::optional<Clock::time_point> deadline;
+    if (request.timeout_s)
+        deadline = start_time + std::chrono::duration_cast<Clock::duration>(
+                                    std::chrono::duration<double>(*request.timeout_s));
+
+    // Set once the call is over: by a status line, or by bash ending.
+    std::optional<int> status;
+    std::optional<int> bash_wait_status;
+    bool timed_out = false;
+    bool cancelled = false;
+    Clock::time_point end{};
+    Clock::time_point last_output{};
+
+    for (;;) {
+        const Clock::time_point now = Clock::now();
+        const bool done = status || bash_wait_status;
+        if (done) {
+            const bool open = captures[0].open() || captures[1].open();
+            if (!open || now - last_output >= quiet_after_exit || now - end >= drain_cap_after_exit)
+                break;
+        } else if (deadline && now >= *deadline && !timed_out) {
+            timed_out = true;
+            ::kill(-pid_, SIGKILL);
+        }
+
+        pollfd fds[5];
+        int count = 0;
+        int index[2] = {-1, -1};
+        for (int i = 0; i < 2; ++i)
+            if (captures[i].open()) {
+                index[i] = count;
+                fds[count++] = {captures[i].fd(), POLLIN, 0};
+            }
+        const int status_index = done ? -1 : count;
+        if (!done)
+            fds[count++] = {status_.get(), POLLIN, 0};
+        const int pid_index = done ? -1 : count;
+        if (!done)
+            fds[count++] = {pidfd_.get(), POLLIN, 0};
+        const int cancel_index = cancelled ? -1 : count;
+        if (!cancelled)
+            fds[count++] = {cancel_fd, POLLIN, 0};
+
+        int wait_ms = -1;
+        if (done)
+            wait_ms = static_cast<int>(quiet_after_exit.count());
+        else if (deadline && !timed_out)
+            wait_ms = static_cast<int>(
+                std::ceil(std::chrono::duration<double, std::milli>(*deadline - now).count()));
+        if (::poll(fds, static_cast<nfds_t>(count), wait_ms) < 0 && errno != EINTR)
+            throw_errno("poll");
+
+        for (int i = 0; i < 2; ++i)
+            if (index[i] >= 0 && fds[index[i]].revents != 0 && captures[i].read_some(id, request.stream, outbox))
+                last_output = Clock::now();
+        if (status_index >= 0 && (fds[status_index].revents & POLLIN)) {
+            char buffer[64];
+            const ssize_t got = ::read(status_.get(), buffer, sizeof(buffer));
+            if (got > 0)
+                status_pending_.append(buffer, static_cast<size_t>(got));
+            if (const size_t newline = status_pending_.find('\n'); newline != std::string::npos) {
+                status = std::atoi(status_pending_.c_str());
+                status_pending_.erase(0, newline + 1);
+                end = last_output = Clock::now();
+            }
+        }
+        if (pid_index >= 0 && fds[pid_index].revents != 0) {
+            int wait_status = 0;
+            while (::waitpid(pid_, &wait_status, 0) < 0 && errno == EINTR) {
+            }
+            pid_ = -1; // reaped: stop() below must not wait for it again
+            bash_wait_status = wait_status;
+            end = last_output = Clock::now();
+        }
+        if (cancel_index >= 0 && fds[cancel_index].revents != 0) {
+            cancelled = true;
+            if (!(status || bash_wait_status))
+                ::kill(-pid_, SIGKILL);
+        }
+    }
+
+    ::unlink(out_path.c_str());
+    ::unlink(err_path.c_str());
+    Json response{{"id", id}};
+    if (bash_wait_status) {
+        // bash is gone: `exit`, a timeout or a cancel. Its jobs go with it.
+        const int wait_status = *bash_wait_status;
+        stop();
+        const bool killed = WIFSIGNALED(wait_status);
+        response["exit_code"] = killed ? Json(nullptr) : Json(WEXITSTATUS(wait_status));
+        response["signal"] = killed ? Json(WTERMSIG(wait_status)) : Json(nullptr);
+    } else {
+        response["exit_code"] = *status;
+        response["signal"] = nullptr;
+    }
+    response["timed_out"] = timed_out;
+    response["oom_killed"] = false;
+    captures[0].put(response);
+    captures[1].put(response);
+    response["duration_ms"] = std::chrono::duration_cast<std::chrono::milliseconds>(end - start_time).count();
+    return response;
+}
+
+} // namespace agentvm

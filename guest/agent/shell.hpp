@@ -1,0 +1,52 @@
+// The shell call: one persistent bash per connection, so cd, exports, functions and
+// background jobs carry over from call to call, as in a terminal.
+//
+// bash reads commands from a pipe. Each call is sent as one line,
+//   eval '<cmd>' >OUT 2>ERR </dev/null 3>&-; printf '%d\n' "$?" >&3
+// where OUT and ERR are FIFOs made for the call and fd 3 is a FIFO that bash opened at
+// start-up, so the agent learns when the command finished and its status without bash
+// exiting. eval keeps a syntax error from wedging the shell; closing fd 3 for the command
+// keeps background jobs from holding the status channel.
+//
+// A timeout or a cancelled connection kills the shell's whole process group (no job
+// control, so that is bash and everything it started); so does `exit`, by ending bash. The
+// next call then starts a fresh shell, its state lost.
+#pragma once
+
+#include <sys/types.h>
+
+#include <string>
+
+#include "guest/agent/outbox.hpp"
+#include "guest/agent/protocol.hpp"
+#include "vmm/fd.hpp"
+
+namespace agentvm {
+
+class Shell {
+public:
+    Shell() = default;
+    ~Shell();
+    Shell(const Shell&) = delete;
+    Shell& operator=(const Shell&) = delete;
+
+    // Returns the final response (same shape as exec's). exit_code is bash's $?, so 128+N
+    // for a command killed by signal N; signal is set only when bash itself was killed.
+    // Throws CallError(spawn_failed) when bash cannot start.
+    Json run(const Json& id, const ShellRequest& request, Outbox& outbox, int cancel_fd);
+
+private:
+    void start();
+    // Kills bash and its jobs, reaps it, removes the FIFOs.
+    void stop();
+
+    pid_t pid_ = -1;
+    Fd pidfd_;
+    Fd control_; // bash's stdin: the command lines
+    Fd status_;  // read end of the status FIFO: one "$?" line per call
+    std::string status_pending_;
+    std::string dir_; // the FIFOs' directory
+    uint64_t calls_ = 0;
+};
+
+} // namespace agentvm
