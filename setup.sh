@@ -46,7 +46,7 @@ build_vmm() {
 build_guest() {
   mkdir -p build/guest
   kernel-config/build.sh build/guest/vmlinux
-  rootfs/build.sh build/guest/agentvm-init build/guest/rootfs.ext4
+  rootfs/build.sh build/guest/agentvm-init build/guest/agent/agentvm-agent build/guest/rootfs.ext4
 }
 
 # True when this host's /dev/kvm can boot a Linux guest (hardware KVM). On PVM, or without

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Builds the guest root filesystem: a minimal Debian 12 (bookworm) ext4 image with our init
-# at /sbin/agentvm-init. See rootfs/README.md for what is inside and how the cache works.
+# at /sbin/agentvm-init and the tool-call agent at /sbin/agentvm-agent. See rootfs/README.md
+# for what is inside and how the cache works.
 #
-#   rootfs/build.sh INIT_BINARY OUT_PATH
+#   rootfs/build.sh INIT_BINARY AGENT_BINARY OUT_PATH
 #
 # OUT_PATH becomes a symlink into the cache, so a rebuild with unchanged inputs costs nothing.
 # Needs root (debootstrap, and mkfs.ext4 -d must read root-owned files and device nodes).
@@ -38,18 +39,20 @@ die() {
 }
 
 usage() {
-    printf 'usage: %s INIT_BINARY OUT_PATH\n' "$0" >&2
+    printf 'usage: %s INIT_BINARY AGENT_BINARY OUT_PATH\n' "$0" >&2
     exit 2
 }
 
-[[ $# -eq 2 ]] || usage
+[[ $# -eq 3 ]] || usage
 init_binary=$1
-out_path=$2
+agent_binary=$2
+out_path=$3
 
 [[ $EUID -eq 0 ]] || die "must run as root: debootstrap and mkfs.ext4 -d need to read and create root-owned files"
 command -v debootstrap >/dev/null || die "debootstrap not found: apt-get install debootstrap"
 command -v mkfs.ext4 >/dev/null || die "mkfs.ext4 not found: apt-get install e2fsprogs"
 [[ -f $init_binary ]] || die "init binary not found: $init_binary"
+[[ -f $agent_binary ]] || die "agent binary not found: $agent_binary"
 
 cache_root=${AGENTVM_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/agentvm}/rootfs
 mkdir -p "$cache_root"
@@ -63,9 +66,9 @@ rm -rf "$cache_root"/*.tmp.* "$cache_root"/staging.*
 hash_of() { sha256sum | cut -c1-16; }
 
 tree_key=$( { cat "${BASH_SOURCE[0]}"; printf '%s\n' "$SUITE" "${PACKAGES[@]}"; } | hash_of)
-init_hash=$(hash_of < "$init_binary")
+guest_hash=$(cat "$init_binary" "$agent_binary" | hash_of)
 tree_dir=$cache_root/tree-$tree_key
-image=$cache_root/image-$tree_key-$init_hash.ext4
+image=$cache_root/image-$tree_key-$guest_hash.ext4
 
 # Replaces $2 with a symlink to $1 in one rename, so readers never see a missing OUT_PATH.
 install_link() {
@@ -176,12 +179,13 @@ image_tmp=$image.tmp.$$
 trap 'rm -rf "$staging" "$image_tmp"' EXIT
 cp -al "$tree_dir" "$staging"
 install -m 0755 "$init_binary" "$staging/sbin/agentvm-init"
+install -m 0755 "$agent_binary" "$staging/sbin/agentvm-agent"
 # Debug info is of no use in the guest (no debugger there); the build tree keeps it.
 if command -v strip >/dev/null; then
-    strip --strip-debug "$staging/sbin/agentvm-init"
+    strip --strip-debug "$staging/sbin/agentvm-init" "$staging/sbin/agentvm-agent"
 fi
 # sbin/. rather than sbin: bookworm's /sbin is a symlink to usr/sbin.
-touch -d "@$EPOCH" "$staging/sbin/agentvm-init" "$staging/sbin/." "$staging"
+touch -d "@$EPOCH" "$staging/sbin/agentvm-init" "$staging/sbin/agentvm-agent" "$staging/sbin/." "$staging"
 
 # Size: the content's 4 KiB blocks, plus what ext4 needs for it (measured: ~10% of the
 # content for a Debian tree, plus inode tables at ~2% of the whole), plus the headroom,

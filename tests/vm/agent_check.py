@@ -1,0 +1,145 @@
+#!/usr/bin/env python3
+"""The guest agent inside a real guest, reached over vsock through agentvm's hybrid socket.
+
+usage: agent_check.py AGENTVM_BINARY
+Boots the default guest with the agent as its init command, connects to guest port 52
+through "CONNECT 52", and runs tool calls (docs/protocol.md): exec with exit codes and
+stderr, a persistent shell (cd/export carry over), a binary file written and read back,
+a malformed line. Then SIGTERM ends the VM. Prints "agent ok" or exits non-zero with why.
+"""
+import base64
+import hashlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+AGENTVM = sys.argv[1]
+
+
+def fail(why, console=None):
+    if console and os.path.exists(console):
+        why += "\nconsole:\n" + open(console, errors="replace").read()[-2000:]
+    sys.exit("agent_check: " + why)
+
+
+def field(msg, name):
+    """A byte field in either spelling (plain UTF-8 or _b64)."""
+    if name in msg:
+        return msg[name].encode()
+    return base64.b64decode(msg.get(name + "_b64", ""))
+
+
+def connect(uds, console, proc):
+    # The agent starts a moment after the guest's init: retry until its port answers.
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            fail(f"agentvm exited ({proc.returncode}) before the agent answered", console)
+        try:
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.settimeout(120)
+            s.connect(uds)
+            s.sendall(b"CONNECT 52\n")
+            line = b""
+            while not line.endswith(b"\n"):
+                b = s.recv(1)
+                if not b:
+                    break
+                line += b
+            if line.startswith(b"OK "):
+                return s
+        except OSError:
+            pass
+        time.sleep(0.2)
+    fail("the agent never answered on vsock port 52", console)
+
+
+class Client:
+    def __init__(self, sock):
+        self.sock = sock
+        self.buf = b""
+
+    def send(self, obj):
+        self.sock.sendall(json.dumps(obj).encode() + b"\n")
+
+    def send_raw(self, line):
+        self.sock.sendall(line)
+
+    def reply(self, rid):
+        """The final line for request rid (events are skipped)."""
+        while True:
+            while b"\n" not in self.buf:
+                chunk = self.sock.recv(1 << 16)
+                if not chunk:
+                    fail(f"connection closed while waiting for {rid}")
+                self.buf += chunk
+            line, self.buf = self.buf.split(b"\n", 1)
+            msg = json.loads(line)
+            if msg.get("id") == rid and "event" not in msg:
+                return msg
+
+    def call(self, obj):
+        self.send(obj)
+        return self.reply(obj["id"])
+
+
+with tempfile.TemporaryDirectory(prefix="agentvm-agent-") as tmp:
+    uds = os.path.join(tmp, "v.sock")
+    console = os.path.join(tmp, "console")
+    proc = subprocess.Popen([AGENTVM, "--log-level", "warn", "boot", "--vsock-uds", uds,
+                             "--console", console, "--init-cmd", "exec /sbin/agentvm-agent"],
+                            stdin=subprocess.DEVNULL)
+    try:
+        c = Client(connect(uds, console, proc))
+
+        r = c.call({"id": 1, "op": "exec", "argv": ["uname", "-sr"]})
+        if r.get("exit_code") != 0 or not field(r, "stdout").startswith(b"Linux 6.1"):
+            fail(f"exec uname: {r}", console)
+
+        r = c.call({"id": 2, "op": "exec", "argv": ["sh", "-c", "echo out; echo err >&2; exit 3"]})
+        if (r.get("exit_code"), field(r, "stdout"), field(r, "stderr")) != (3, b"out\n", b"err\n"):
+            fail(f"exec exit code and streams: {r}", console)
+
+        c.call({"id": 3, "op": "shell", "cmd": "cd /tmp && export AGENT_CHECK=42"})
+        r = c.call({"id": 4, "op": "shell", "cmd": "echo $PWD $AGENT_CHECK"})
+        if field(r, "stdout") != b"/tmp 42\n":
+            fail(f"shell state did not persist: {r}", console)
+
+        blob = os.urandom(300000)
+        r = c.call({"id": 5, "op": "write_file", "path": "/root/blob", "data_b64": base64.b64encode(blob).decode()})
+        if r.get("ok") is not True or r.get("bytes") != len(blob):
+            fail(f"write_file: {r}", console)
+        c.send({"id": 6, "op": "read_file", "path": "/root/blob"})
+        got = b""
+        while True:
+            while b"\n" not in c.buf:
+                c.buf += c.sock.recv(1 << 16)
+            line, c.buf = c.buf.split(b"\n", 1)
+            msg = json.loads(line)
+            if msg.get("event") == "data":
+                got += base64.b64decode(msg["data_b64"])
+            elif msg.get("id") == 6:
+                break
+        if hashlib.sha256(got).digest() != hashlib.sha256(blob).digest():
+            fail(f"read_file returned {len(got)} bytes that differ from the {len(blob)} written", console)
+
+        c.send_raw(b"this is not json\n")
+        while b"\n" not in c.buf:
+            c.buf += c.sock.recv(1 << 16)
+        line, c.buf = c.buf.split(b"\n", 1)
+        if json.loads(line).get("error", {}).get("code") != "bad_json":
+            fail(f"malformed line answered with {line!r}", console)
+        r = c.call({"id": 7, "op": "exec", "argv": ["true"]})
+        if r.get("exit_code") != 0:
+            fail(f"the connection did not survive a malformed line: {r}", console)
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+    if proc.wait(timeout=120) != 128 + signal.SIGTERM:
+        fail(f"agentvm exited {proc.returncode} on SIGTERM", console)
+    print("agent ok: exec, shell state, 300000-byte file round trip, malformed line, SIGTERM teardown")
