@@ -70,27 +70,6 @@ bool names_equal(std::string_view a, std::string_view b)
     return true;
 }
 
-// The 6-bit value of a base64 character, or -1.
-constexpr int sextet(char c)
-{
-    if (c >= 'A' && c <= 'Z')
-        return c - 'A';
-    if (c >= 'a' && c <= 'z')
-        return c - 'a' + 26;
-    if (c >= '0' && c <= '9')
-        return c - '0' + 52;
-    if (c == '+')
-        return 62;
-    if (c == '/')
-        return 63;
-    return -1;
-}
-
-char byte_at(uint32_t group, int shift)
-{
-    return static_cast<char>(static_cast<unsigned char>((group >> shift) & 0xff));
-}
-
 } // namespace
 
 std::optional<std::string> find_cmdline_param(std::string_view cmdline, std::string_view name)
@@ -111,38 +90,5 @@ std::optional<std::string> find_cmdline_param(std::string_view cmdline, std::str
     return found;
 }
 
-std::optional<std::string> base64_decode(std::string_view text)
-{
-    if (text.size() % 4 != 0)
-        return std::nullopt;
-    std::string out;
-    out.reserve(text.size() / 4 * 3);
-    for (size_t i = 0; i < text.size(); i += 4) {
-        bool last_group = i + 4 == text.size();
-        uint32_t group = 0;
-        int padding = 0;
-        for (size_t j = 0; j < 4; ++j) {
-            char c = text[i + j];
-            if (c == '=') {
-                // Padding fills only the last one or two places of the final group.
-                if (!last_group || j < 2)
-                    return std::nullopt;
-                ++padding;
-                group <<= 6;
-                continue;
-            }
-            int value = sextet(c);
-            if (value < 0 || padding > 0)
-                return std::nullopt;
-            group = group << 6 | static_cast<uint32_t>(value);
-        }
-        out.push_back(byte_at(group, 16));
-        if (padding < 2)
-            out.push_back(byte_at(group, 8));
-        if (padding < 1)
-            out.push_back(byte_at(group, 0));
-    }
-    return out;
-}
 
 } // namespace agentvm

@@ -22,8 +22,5 @@ inline constexpr std::string_view init_cmd_param = "agentvm.init_cmd";
 // (what follows belongs to init). nullopt when the parameter is absent.
 std::optional<std::string> find_cmdline_param(std::string_view cmdline, std::string_view name);
 
-// Decodes RFC 4648 base64 with the standard alphabet and mandatory padding. nullopt for
-// anything else: a stray character, a length not a multiple of 4, padding before the end.
-std::optional<std::string> base64_decode(std::string_view text);
 
 } // namespace agentvm

@@ -19,6 +19,7 @@
 #include "guest/mounts.hpp"
 #include "guest/power.hpp"
 #include "guest/spawn.hpp"
+#include "vmm/base64.hpp"
 
 namespace agentvm {
 

@@ -7,7 +7,7 @@
 #include <cerrno>
 #include <cstring>
 
-#include "guest/agent/base64.hpp"
+#include "vmm/base64.hpp"
 #include "vmm/fd.hpp"
 
 namespace agentvm {

@@ -3,7 +3,7 @@
 #include <cmath>
 #include <cstdio>
 
-#include "guest/agent/base64.hpp"
+#include "vmm/base64.hpp"
 #include "guest/agent/utf8.hpp"
 
 namespace agentvm {

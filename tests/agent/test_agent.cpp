@@ -24,7 +24,7 @@
 #include <thread>
 #include <vector>
 
-#include "guest/agent/base64.hpp"
+#include "vmm/base64.hpp"
 #include "guest/agent/protocol.hpp"
 
 using namespace agentvm;

@@ -3,7 +3,7 @@
 #include <string>
 #include <vector>
 
-#include "guest/agent/base64.hpp"
+#include "vmm/base64.hpp"
 #include "guest/agent/line_framer.hpp"
 #include "guest/agent/listen_address.hpp"
 #include "guest/agent/protocol.hpp"

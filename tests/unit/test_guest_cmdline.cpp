@@ -3,6 +3,7 @@
 #include <doctest/doctest.h>
 
 #include "guest/cmdline.hpp"
+#include "vmm/base64.hpp"
 
 using agentvm::base64_decode;
 using agentvm::find_cmdline_param;

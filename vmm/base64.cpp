@@ -1,4 +1,4 @@
-#include "guest/agent/base64.hpp"
+#include "vmm/base64.hpp"
 
 #include <array>
 #include <cstdint>
