@@ -1,7 +1,8 @@
 // agentvm-init: PID 1 of an agentvm guest (kernel command line: init=/sbin/agentvm-init).
 //
 // It sets up the few things every program expects (filesystems, lo, hostname,
-// environment), prints "agentvm-init: ready", runs the command the VMM passed as
+// environment), prints "agentvm-init: ready", starts the tool-call agent (and restarts it
+// whenever it dies), runs the command the VMM passed as
 // agentvm.init_cmd=<base64> through /bin/sh -c (or an interactive shell when there is
 // none), reports how it ended and powers the VM off. It never returns from main: PID 1
 // exiting panics the kernel, so every way out, errors included, goes through power_off().
@@ -13,6 +14,7 @@
 #include <optional>
 #include <string>
 
+#include "guest/agent_service.hpp"
 #include "guest/cmdline.hpp"
 #include "guest/console.hpp"
 #include "guest/loopback.hpp"
@@ -60,10 +62,10 @@ std::optional<std::string> read_file(const char* path)
     }
 }
 
-void run_interactive_shell()
+void run_interactive_shell(const ReapedChild& on_reaped)
 {
     const char* shell = ::access("/bin/bash", X_OK) == 0 ? "/bin/bash" : "/bin/sh";
-    if (std::optional<int> status = run_on_console({shell, "-l"}, "/root"))
+    if (std::optional<int> status = run_on_console({shell, "-l"}, "/root", on_reaped))
         report_exit("shell", *status);
 }
 
@@ -81,6 +83,10 @@ void run()
     bring_up_loopback();
     set_environment();
 
+    AgentService agent;
+    agent.start();
+    const ReapedChild on_reaped = [&agent](pid_t pid, int status) { agent.on_reaped(pid, status); };
+
     std::optional<std::string> cmdline = read_file("/proc/cmdline");
     if (!cmdline) {
         say_errno("read /proc/cmdline");
@@ -88,7 +94,7 @@ void run()
     }
     std::optional<std::string> encoded = find_cmdline_param(*cmdline, init_cmd_param);
     if (!encoded) {
-        run_interactive_shell();
+        run_interactive_shell(on_reaped);
         return;
     }
     std::optional<std::string> command = base64_decode(*encoded);
@@ -100,7 +106,7 @@ void run()
         say("malformed %s: the command contains a NUL byte", init_cmd_param.data());
         return;
     }
-    if (std::optional<int> status = run_on_console({"/bin/sh", "-c", *command}, "/root"))
+    if (std::optional<int> status = run_on_console({"/bin/sh", "-c", *command}, "/root", on_reaped))
         report_exit("init-cmd", *status);
 }
 

@@ -1,5 +1,6 @@
 #include "guest/spawn.hpp"
 
+#include <fcntl.h>
 #include <sys/ioctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -13,11 +14,21 @@ namespace agentvm {
 
 namespace {
 
-[[noreturn]] void exec_child(char* const* argv, const char* cwd)
+std::vector<char*> c_argv_of(const std::vector<std::string>& argv)
+{
+    std::vector<char*> c_argv;
+    for (const std::string& arg : argv)
+        c_argv.push_back(const_cast<char*>(arg.c_str()));
+    c_argv.push_back(nullptr);
+    return c_argv;
+}
+
+[[noreturn]] void exec_child(char* const* argv, const char* cwd, bool controlling_terminal)
 {
     ::setsid();
     // Failure only costs the child job control; it still runs.
-    ::ioctl(STDIN_FILENO, TIOCSCTTY, 1);
+    if (controlling_terminal)
+        ::ioctl(STDIN_FILENO, TIOCSCTTY, 1);
     if (::chdir(cwd) != 0 && ::chdir("/") != 0)
         say_errno("chdir");
     ::execve(argv[0], argv, environ);
@@ -29,32 +40,48 @@ namespace {
 
 } // namespace
 
-std::optional<int> run_on_console(const std::vector<std::string>& argv, const char* cwd)
+std::optional<int> run_on_console(const std::vector<std::string>& argv, const char* cwd,
+                                  const ReapedChild& on_reaped)
 {
     // Built before fork: the child only execs.
-    std::vector<char*> c_argv;
-    for (const std::string& arg : argv)
-        c_argv.push_back(const_cast<char*>(arg.c_str()));
-    c_argv.push_back(nullptr);
-
+    std::vector<char*> c_argv = c_argv_of(argv);
     pid_t child = ::fork();
     if (child < 0) {
         say_errno("fork");
         return std::nullopt;
     }
     if (child == 0)
-        exec_child(c_argv.data(), cwd);
+        exec_child(c_argv.data(), cwd, true);
 
     for (;;) {
         int status = 0;
         pid_t pid = ::waitpid(-1, &status, 0);
         if (pid == child)
             return status;
-        if (pid < 0 && errno != EINTR) {
+        if (pid > 0) {
+            on_reaped(pid, status);
+        } else if (errno != EINTR) {
             say_errno("waitpid");
             return std::nullopt;
         }
     }
+}
+
+pid_t start_daemon(const std::vector<std::string>& argv, const char* cwd)
+{
+    std::vector<char*> c_argv = c_argv_of(argv);
+    pid_t child = ::fork();
+    if (child < 0) {
+        say_errno("fork");
+        return -1;
+    }
+    if (child == 0) {
+        const int null_fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+        if (null_fd >= 0)
+            ::dup2(null_fd, STDIN_FILENO);
+        exec_child(c_argv.data(), cwd, false);
+    }
+    return child;
 }
 
 void report_exit(const char* what, int wait_status)

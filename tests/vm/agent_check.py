@@ -2,7 +2,7 @@
 """The guest agent inside a real guest, reached over vsock through agentvm's hybrid socket.
 
 usage: agent_check.py AGENTVM_BINARY
-Boots the default guest with the agent as its init command, connects to guest port 52
+Boots the default guest (whose init starts the agent by itself), connects to guest port 52
 through "CONNECT 52", and runs tool calls (docs/protocol.md): exec with exit codes and
 stderr, a persistent shell (cd/export carry over), a binary file written and read back,
 a malformed line. Then SIGTERM ends the VM. Prints "agent ok" or exits non-zero with why.
@@ -92,7 +92,7 @@ with tempfile.TemporaryDirectory(prefix="agentvm-agent-") as tmp:
     uds = os.path.join(tmp, "v.sock")
     console = os.path.join(tmp, "console")
     proc = subprocess.Popen([AGENTVM, "--log-level", "warn", "boot", "--vsock-uds", uds,
-                             "--console", console, "--init-cmd", "exec /sbin/agentvm-agent"],
+                             "--console", console, "--init-cmd", "sleep 100000"],
                             stdin=subprocess.DEVNULL)
     try:
         c = Client(connect(uds, console, proc))
@@ -137,9 +137,19 @@ with tempfile.TemporaryDirectory(prefix="agentvm-agent-") as tmp:
         r = c.call({"id": 7, "op": "exec", "argv": ["true"]})
         if r.get("exit_code") != 0:
             fail(f"the connection did not survive a malformed line: {r}", console)
+
+        # A tool call that kills the agent itself: init restarts it and the next call works.
+        c.send({"id": 8, "op": "exec", "argv": ["sh", "-c", "kill -9 $PPID"]})
+        while c.sock.recv(1 << 16):
+            pass
+        c = Client(connect(uds, console, proc))
+        r = c.call({"id": 9, "op": "exec", "argv": ["echo", "back"]})
+        if field(r, "stdout") != b"back\n":
+            fail(f"no agent after it was killed: {r}", console)
     finally:
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
     if proc.wait(timeout=120) != 128 + signal.SIGTERM:
         fail(f"agentvm exited {proc.returncode} on SIGTERM", console)
-    print("agent ok: exec, shell state, 300000-byte file round trip, malformed line, SIGTERM teardown")
+    print("agent ok: exec, shell state, 300000-byte file round trip, malformed line, "
+          "agent restarted after being killed, SIGTERM teardown")

@@ -13,5 +13,5 @@ TEST_CASE("tool calls reach the guest agent over vsock and come back whole")
     INFO("stdout: " << r.out << "\nstderr: " << r.err);
     CHECK(r.exit_code == 0);
     CHECK(r.out.find("agent ok: exec, shell state, 300000-byte file round trip, malformed line, "
-                     "SIGTERM teardown") != std::string::npos);
+                     "agent restarted after being killed, SIGTERM teardown") != std::string::npos);
 }

@@ -1,0 +1,30 @@
+// Keeps the tool-call agent (/sbin/agentvm-agent, listening on vsock) running for the life
+// of the guest: init starts it before anything else runs and restarts it when it dies, so a
+// tool call that kills the agent costs one failed call, not the episode.
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <deque>
+
+namespace agentvm {
+
+class AgentService {
+public:
+    // Starts the agent; says why and carries on without it if it cannot.
+    void start();
+    // Called for every child init reaps: restarts the agent if that was it. An agent that
+    // keeps dying at once is given up on, with one line saying so, rather than respawned
+    // in a tight loop.
+    void on_reaped(pid_t pid, int wait_status);
+
+private:
+    static constexpr size_t max_restarts = 5;
+    static constexpr std::chrono::seconds restart_window{10};
+
+    pid_t pid_ = -1;
+    std::deque<std::chrono::steady_clock::time_point> restarts_;
+};
+
+} // namespace agentvm
