@@ -21,7 +21,7 @@ PAYLOAD = bytes(range(97, 123)) * 40330  # ~1 MiB: many packets, several credit 
 
 GUEST_SERVER = """import socket
 s=socket.socket(socket.AF_VSOCK,socket.SOCK_STREAM);s.bind((socket.VMADDR_CID_ANY,5000));s.listen()
-print("listening",flush=True)
+print("server-listening",flush=True)
 c,_=s.accept();d=b""
 while True:
   b=c.recv(65536)
@@ -51,7 +51,7 @@ def fail(why, console_path=None):
 def boot(tmp, name, init_cmd):
     console = os.path.join(tmp, name + ".console")
     uds = os.path.join(tmp, "v.sock")
-    proc = subprocess.Popen([AGENTVM, "--log-level", "warn", "boot", "--vsock-uds", uds,
+    proc = subprocess.Popen([AGENTVM, "--log-level", os.environ.get("AGENTVM_LOG_LEVEL", "warn"), "boot", "--vsock-uds", uds,
                              "--console", console, "--init-cmd", "python3 -c " + shlex.quote(init_cmd)],
                             stdin=subprocess.DEVNULL)
     return proc, uds, console
@@ -79,14 +79,17 @@ def recv_all(sock):
 
 def host_to_guest(tmp):
     proc, uds, console = boot(tmp, "server", GUEST_SERVER)
-    wait_for(console, "listening", proc)
+    wait_for(console, "server-listening", proc)
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     s.settimeout(120)
     s.connect(uds)
     s.sendall(b"CONNECT 5000\n")
     line = b""
     while not line.endswith(b"\n"):
-        line += s.recv(1)
+        b = s.recv(1)
+        if not b:
+            break
+        line += b
     if not line.startswith(b"OK "):
         fail(f"handshake answered {line!r}", console)
     s.sendall(PAYLOAD)
