@@ -18,6 +18,8 @@ import sys
 import tempfile
 import time
 
+from hybrid_vsock import open_guest_port
+
 AGENTVM = sys.argv[1]
 
 
@@ -41,16 +43,7 @@ def connect(uds, console, proc):
         if proc.poll() is not None:
             fail(f"agentvm exited ({proc.returncode}) before the agent answered", console)
         try:
-            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            s.settimeout(120)
-            s.connect(uds)
-            s.sendall(b"CONNECT 52\n")
-            line = b""
-            while not line.endswith(b"\n"):
-                b = s.recv(1)
-                if not b:
-                    break
-                line += b
+            s, line = open_guest_port(uds, 52)
             if line.startswith(b"OK "):
                 return s
         except OSError:

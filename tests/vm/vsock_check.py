@@ -16,6 +16,8 @@ import tempfile
 import threading
 import time
 
+from hybrid_vsock import open_guest_port
+
 AGENTVM = sys.argv[1]
 PAYLOAD = bytes(range(97, 123)) * 40330  # ~1 MiB: many packets, several credit updates
 
@@ -80,16 +82,7 @@ def recv_all(sock):
 def host_to_guest(tmp):
     proc, uds, console = boot(tmp, "server", GUEST_SERVER)
     wait_for(console, "server-listening", proc)
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    s.settimeout(120)
-    s.connect(uds)
-    s.sendall(b"CONNECT 5000\n")
-    line = b""
-    while not line.endswith(b"\n"):
-        b = s.recv(1)
-        if not b:
-            break
-        line += b
+    s, line = open_guest_port(uds, 5000)
     if not line.startswith(b"OK "):
         fail(f"handshake answered {line!r}", console)
     s.sendall(PAYLOAD)
