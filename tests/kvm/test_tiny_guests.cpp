@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "tests/kvm/tiny_guest.hpp"
+#include "tests/support/disk_image.hpp"
 #include "vmm/kvm.hpp"
 #include "vmm/layout.hpp"
 
@@ -102,14 +103,13 @@ TEST_CASE("vCPU registers set through KVM are the ones the guest runs with")
 
 TEST_CASE("a polled guest driver reads and writes through virtio-mmio and virtio-blk")
 {
-    // Base image: sector 0 starts with a marker, 64 KiB in all.
-    char path[] = "/tmp/agentvm-kvm-disk-XXXXXX";
-    const int fd = ::mkstemp(path);
-    REQUIRE(fd >= 0);
+    // Base image: sector 0 starts with a marker, 64 KiB in all. The directory removes itself
+    // however the test ends.
+    const TempDir dir;
+    const std::string path = dir.path + "/disk.img";
     std::vector<uint8_t> image(64 * 1024, 0);
     std::memcpy(image.data(), "AVM!", 4);
-    REQUIRE(::write(fd, image.data(), image.size()) == static_cast<ssize_t>(image.size()));
-    ::close(fd);
+    write_bytes(path, image);
 
     {
         Kvm kvm;
@@ -128,13 +128,7 @@ TEST_CASE("a polled guest driver reads and writes through virtio-mmio and virtio
     }
 
     // The guest's write went to the overlay: the base image is byte-for-byte unchanged.
-    std::vector<uint8_t> after(image.size());
-    const int check = ::open(path, O_RDONLY);
-    REQUIRE(check >= 0);
-    CHECK(::read(check, after.data(), after.size()) == static_cast<ssize_t>(after.size()));
-    ::close(check);
-    ::unlink(path);
-    CHECK(after == image);
+    CHECK(read_bytes(path) == image);
 }
 
 TEST_CASE("a kernel file that is not a kernel is refused before any guest runs")
