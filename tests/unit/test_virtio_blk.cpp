@@ -17,6 +17,7 @@
 
 #include "devices/virtio_blk.hpp"
 #include "devices/virtio_mmio.hpp"
+#include "tests/support/mmio_driver.hpp"
 #include "tests/support/disk_image.hpp"
 #include "vmm/event_loop.hpp"
 #include "vmm/guest_memory.hpp"
@@ -215,37 +216,25 @@ struct Rig {
     int interrupts = 0;
     std::vector<uint16_t> kicks;
     VirtioMmioTransport mmio{mem, blk, [this] { ++interrupts; }, [this](uint16_t q) { kicks.push_back(q); }};
+    MmioDriver regs{mmio};
     uint16_t next_desc = 0;
     uint16_t avail_idx = 0;
     uint16_t seen_used = 0;
 
-    uint32_t rd(uint64_t off)
-    {
-        uint32_t v = 0;
-        mmio.bus_read(off, std::span(reinterpret_cast<uint8_t*>(&v), 4));
-        return v;
-    }
-    void wr(uint64_t off, uint32_t v) { mmio.bus_write(off, std::span(reinterpret_cast<const uint8_t*>(&v), 4)); }
 
     void bring_up(uint64_t features = VirtioBlk::features)
     {
-        wr(VIRTIO_MMIO_STATUS, VIRTIO_CONFIG_S_ACKNOWLEDGE);
-        wr(VIRTIO_MMIO_STATUS, VIRTIO_CONFIG_S_ACKNOWLEDGE | VIRTIO_CONFIG_S_DRIVER);
-        wr(VIRTIO_MMIO_DRIVER_FEATURES_SEL, 0);
-        wr(VIRTIO_MMIO_DRIVER_FEATURES, static_cast<uint32_t>(features));
-        wr(VIRTIO_MMIO_DRIVER_FEATURES_SEL, 1);
-        wr(VIRTIO_MMIO_DRIVER_FEATURES, static_cast<uint32_t>(features >> 32));
-        wr(VIRTIO_MMIO_STATUS, VIRTIO_CONFIG_S_ACKNOWLEDGE | VIRTIO_CONFIG_S_DRIVER | VIRTIO_CONFIG_S_FEATURES_OK);
-        wr(VIRTIO_MMIO_QUEUE_SEL, 0);
-        REQUIRE(rd(VIRTIO_MMIO_QUEUE_NUM_MAX) == qsize);
-        wr(VIRTIO_MMIO_QUEUE_NUM, qsize);
-        wr(VIRTIO_MMIO_QUEUE_DESC_LOW, desc_gpa);
-        wr(VIRTIO_MMIO_QUEUE_AVAIL_LOW, avail_gpa);
-        wr(VIRTIO_MMIO_QUEUE_USED_LOW, used_gpa);
-        wr(VIRTIO_MMIO_QUEUE_READY, 1);
-        wr(VIRTIO_MMIO_STATUS, VIRTIO_CONFIG_S_ACKNOWLEDGE | VIRTIO_CONFIG_S_DRIVER | VIRTIO_CONFIG_S_FEATURES_OK |
+        regs.negotiate(features);
+        regs.wr(VIRTIO_MMIO_QUEUE_SEL, 0);
+        REQUIRE(regs.rd(VIRTIO_MMIO_QUEUE_NUM_MAX) == qsize);
+        regs.wr(VIRTIO_MMIO_QUEUE_NUM, qsize);
+        regs.wr(VIRTIO_MMIO_QUEUE_DESC_LOW, desc_gpa);
+        regs.wr(VIRTIO_MMIO_QUEUE_AVAIL_LOW, avail_gpa);
+        regs.wr(VIRTIO_MMIO_QUEUE_USED_LOW, used_gpa);
+        regs.wr(VIRTIO_MMIO_QUEUE_READY, 1);
+        regs.wr(VIRTIO_MMIO_STATUS, VIRTIO_CONFIG_S_ACKNOWLEDGE | VIRTIO_CONFIG_S_DRIVER | VIRTIO_CONFIG_S_FEATURES_OK |
                                    VIRTIO_CONFIG_S_DRIVER_OK);
-        REQUIRE((rd(VIRTIO_MMIO_STATUS) & VIRTIO_CONFIG_S_DRIVER_OK) != 0);
+        REQUIRE((regs.rd(VIRTIO_MMIO_STATUS) & VIRTIO_CONFIG_S_DRIVER_OK) != 0);
         next_desc = avail_idx = seen_used = 0;
     }
 
@@ -322,11 +311,11 @@ struct Rig {
 
 TEST_CASE_FIXTURE(Rig, "identity and config space")
 {
-    CHECK(rd(VIRTIO_MMIO_DEVICE_ID) == VIRTIO_ID_BLOCK);
-    wr(VIRTIO_MMIO_DEVICE_FEATURES_SEL, 0);
-    const uint64_t lo = rd(VIRTIO_MMIO_DEVICE_FEATURES);
-    wr(VIRTIO_MMIO_DEVICE_FEATURES_SEL, 1);
-    const uint64_t hi = rd(VIRTIO_MMIO_DEVICE_FEATURES);
+    CHECK(regs.rd(VIRTIO_MMIO_DEVICE_ID) == VIRTIO_ID_BLOCK);
+    regs.wr(VIRTIO_MMIO_DEVICE_FEATURES_SEL, 0);
+    const uint64_t lo = regs.rd(VIRTIO_MMIO_DEVICE_FEATURES);
+    regs.wr(VIRTIO_MMIO_DEVICE_FEATURES_SEL, 1);
+    const uint64_t hi = regs.rd(VIRTIO_MMIO_DEVICE_FEATURES);
     CHECK(((hi << 32) | lo) == VirtioBlk::features);
     CHECK((VirtioBlk::features & (1ull << VIRTIO_RING_F_INDIRECT_DESC)) == 0);
 
@@ -334,11 +323,11 @@ TEST_CASE_FIXTURE(Rig, "identity and config space")
     mmio.bus_read(VIRTIO_MMIO_CONFIG + offsetof(virtio_blk_config, capacity),
                   std::span(reinterpret_cast<uint8_t*>(&capacity), 8));
     CHECK(capacity == sectors);
-    CHECK(rd(VIRTIO_MMIO_CONFIG + offsetof(virtio_blk_config, seg_max)) == VirtioBlk::seg_max);
-    CHECK(rd(VIRTIO_MMIO_CONFIG + 0x200) == 0);
+    CHECK(regs.rd(VIRTIO_MMIO_CONFIG + offsetof(virtio_blk_config, seg_max)) == VirtioBlk::seg_max);
+    CHECK(regs.rd(VIRTIO_MMIO_CONFIG + 0x200) == 0);
     // Read-only config: a write changes nothing.
-    wr(VIRTIO_MMIO_CONFIG, 5);
-    CHECK(rd(VIRTIO_MMIO_CONFIG) == sectors);
+    regs.wr(VIRTIO_MMIO_CONFIG, 5);
+    CHECK(regs.rd(VIRTIO_MMIO_CONFIG) == sectors);
 }
 
 TEST_CASE_FIXTURE(Rig, "read, write, read back, flush, get-id")
@@ -386,7 +375,7 @@ TEST_CASE_FIXTURE(Rig, "read, write, read back, flush, get-id")
     // The base image is untouched; the device raised interrupts; nothing is in flight.
     CHECK(read_bytes(base_path) == base_bytes);
     CHECK(interrupts >= 1);
-    CHECK(rd(VIRTIO_MMIO_INTERRUPT_STATUS) == VIRTIO_MMIO_INT_VRING);
+    CHECK(regs.rd(VIRTIO_MMIO_INTERRUPT_STATUS) == VIRTIO_MMIO_INT_VRING);
     CHECK(blk.in_flight() == 0);
 }
 
@@ -470,7 +459,7 @@ TEST_CASE_FIXTURE(Rig, "bad requests fail without stopping the device")
     CHECK(take_used(h) == 513);
     CHECK(status(h) == VIRTIO_BLK_S_OK);
     CHECK(data(h, 0, 512) == base_sector(9));
-    CHECK((rd(VIRTIO_MMIO_STATUS) & VIRTIO_CONFIG_S_NEEDS_RESET) == 0);
+    CHECK((regs.rd(VIRTIO_MMIO_STATUS) & VIRTIO_CONFIG_S_NEEDS_RESET) == 0);
 }
 
 TEST_CASE_FIXTURE(Rig, "a broken ring sets NEEDS_RESET; a reset recovers")
@@ -479,12 +468,12 @@ TEST_CASE_FIXTURE(Rig, "a broken ring sets NEEDS_RESET; a reset recovers")
     mem.write_obj<uint16_t>(avail_gpa + 2, qsize + 1);  // more than the queue holds
     const int before = interrupts;
     kick_and_wait();
-    CHECK((rd(VIRTIO_MMIO_STATUS) & VIRTIO_CONFIG_S_NEEDS_RESET) != 0);
-    CHECK((rd(VIRTIO_MMIO_INTERRUPT_STATUS) & VIRTIO_MMIO_INT_CONFIG) != 0);
+    CHECK((regs.rd(VIRTIO_MMIO_STATUS) & VIRTIO_CONFIG_S_NEEDS_RESET) != 0);
+    CHECK((regs.rd(VIRTIO_MMIO_INTERRUPT_STATUS) & VIRTIO_MMIO_INT_CONFIG) != 0);
     CHECK(interrupts == before + 1);
     CHECK(used_idx() == 0);
 
-    wr(VIRTIO_MMIO_STATUS, 0);
+    regs.wr(VIRTIO_MMIO_STATUS, 0);
     mem.write_obj<uint16_t>(avail_gpa + 2, 0);
     bring_up();
     const uint16_t h = request(VIRTIO_BLK_T_IN, 1, {{0, 512, true}});
@@ -500,12 +489,12 @@ TEST_CASE_FIXTURE(Rig, "completions after a reset leave the queue alone")
     mmio.notify_queue(0);  // submitted, not completed
     CHECK(blk.in_flight() == 1);
     CHECK_THROWS_AS(blk.save(), Error);  // not quiesced
-    wr(VIRTIO_MMIO_STATUS, 0);
+    regs.wr(VIRTIO_MMIO_STATUS, 0);
     loop.drain();
     CHECK(blk.in_flight() == 0);
     CHECK(used_idx() == 0);
     CHECK(status(h) == 0xff);
-    CHECK(rd(VIRTIO_MMIO_INTERRUPT_STATUS) == 0);
+    CHECK(regs.rd(VIRTIO_MMIO_INTERRUPT_STATUS) == 0);
 }
 
 TEST_CASE_FIXTURE(Rig, "event idx suppresses interrupts the driver did not ask for")
@@ -530,7 +519,7 @@ TEST_CASE_FIXTURE(Rig, "event idx suppresses interrupts the driver did not ask f
     CHECK(mem.read_obj<uint16_t>(used_gpa + 4 + 8ull * qsize) == avail_idx);
 
     // Without event idx every completion interrupts.
-    wr(VIRTIO_MMIO_STATUS, 0);
+    regs.wr(VIRTIO_MMIO_STATUS, 0);
     mem.write_obj<uint16_t>(avail_gpa + 2, 0);
     mem.write_obj<uint16_t>(used_gpa + 2, 0);
     bring_up(VirtioBlk::features & ~(1ull << VIRTIO_RING_F_EVENT_IDX));
@@ -546,7 +535,7 @@ TEST_CASE_FIXTURE(Rig, "event idx suppresses interrupts the driver did not ask f
 TEST_CASE_FIXTURE(Rig, "a QueueNotify write reaches on_notify")
 {
     bring_up();
-    wr(VIRTIO_MMIO_QUEUE_NOTIFY, 0);
+    regs.wr(VIRTIO_MMIO_QUEUE_NOTIFY, 0);
     CHECK(kicks == std::vector<uint16_t>{0});
 }
 

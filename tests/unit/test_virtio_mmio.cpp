@@ -12,10 +12,12 @@
 #include <vector>
 
 #include "devices/virtio_mmio.hpp"
+#include "tests/support/mmio_driver.hpp"
 #include "vmm/guest_memory.hpp"
 #include "vmm/layout.hpp"
 
 using namespace agentvm;
+using namespace agentvm::test;
 
 namespace {
 
@@ -65,45 +67,29 @@ struct Fixture {
     int interrupts = 0;
     std::vector<uint16_t> notified;
     VirtioMmioTransport mmio{mem, dev, [this] { ++interrupts; }, [this](uint16_t q) { notified.push_back(q); }};
+    MmioDriver regs{mmio};
 
-    uint32_t rd(uint64_t off)
-    {
-        uint32_t v = 0xdeadbeef;
-        mmio.bus_read(off, std::span(reinterpret_cast<uint8_t*>(&v), 4));
-        return v;
-    }
-    void wr(uint64_t off, uint32_t v) { mmio.bus_write(off, std::span(reinterpret_cast<const uint8_t*>(&v), 4)); }
 
-    void negotiate(uint64_t features)
-    {
-        wr(VIRTIO_MMIO_STATUS, VIRTIO_CONFIG_S_ACKNOWLEDGE);
-        wr(VIRTIO_MMIO_STATUS, VIRTIO_CONFIG_S_ACKNOWLEDGE | VIRTIO_CONFIG_S_DRIVER);
-        wr(VIRTIO_MMIO_DRIVER_FEATURES_SEL, 0);
-        wr(VIRTIO_MMIO_DRIVER_FEATURES, static_cast<uint32_t>(features));
-        wr(VIRTIO_MMIO_DRIVER_FEATURES_SEL, 1);
-        wr(VIRTIO_MMIO_DRIVER_FEATURES, static_cast<uint32_t>(features >> 32));
-        wr(VIRTIO_MMIO_STATUS, VIRTIO_CONFIG_S_ACKNOWLEDGE | VIRTIO_CONFIG_S_DRIVER | VIRTIO_CONFIG_S_FEATURES_OK);
-    }
     void setup_queue(uint32_t index, uint32_t size, uint64_t base)
     {
-        wr(VIRTIO_MMIO_QUEUE_SEL, index);
-        wr(VIRTIO_MMIO_QUEUE_NUM, size);
-        wr(VIRTIO_MMIO_QUEUE_DESC_LOW, static_cast<uint32_t>(base));
-        wr(VIRTIO_MMIO_QUEUE_DESC_HIGH, static_cast<uint32_t>(base >> 32));
-        wr(VIRTIO_MMIO_QUEUE_AVAIL_LOW, static_cast<uint32_t>(base + 0x1000));
-        wr(VIRTIO_MMIO_QUEUE_AVAIL_HIGH, 0);
-        wr(VIRTIO_MMIO_QUEUE_USED_LOW, static_cast<uint32_t>(base + 0x2000));
-        wr(VIRTIO_MMIO_QUEUE_USED_HIGH, 0);
-        wr(VIRTIO_MMIO_QUEUE_READY, 1);
+        regs.wr(VIRTIO_MMIO_QUEUE_SEL, index);
+        regs.wr(VIRTIO_MMIO_QUEUE_NUM, size);
+        regs.wr(VIRTIO_MMIO_QUEUE_DESC_LOW, static_cast<uint32_t>(base));
+        regs.wr(VIRTIO_MMIO_QUEUE_DESC_HIGH, static_cast<uint32_t>(base >> 32));
+        regs.wr(VIRTIO_MMIO_QUEUE_AVAIL_LOW, static_cast<uint32_t>(base + 0x1000));
+        regs.wr(VIRTIO_MMIO_QUEUE_AVAIL_HIGH, 0);
+        regs.wr(VIRTIO_MMIO_QUEUE_USED_LOW, static_cast<uint32_t>(base + 0x2000));
+        regs.wr(VIRTIO_MMIO_QUEUE_USED_HIGH, 0);
+        regs.wr(VIRTIO_MMIO_QUEUE_READY, 1);
     }
     void driver_ok()
     {
-        wr(VIRTIO_MMIO_STATUS, VIRTIO_CONFIG_S_ACKNOWLEDGE | VIRTIO_CONFIG_S_DRIVER | VIRTIO_CONFIG_S_FEATURES_OK |
+        regs.wr(VIRTIO_MMIO_STATUS, VIRTIO_CONFIG_S_ACKNOWLEDGE | VIRTIO_CONFIG_S_DRIVER | VIRTIO_CONFIG_S_FEATURES_OK |
                                    VIRTIO_CONFIG_S_DRIVER_OK);
     }
     void bring_up()
     {
-        negotiate(offered);
+        regs.negotiate(offered);
         setup_queue(0, 16, 0x10000);
         setup_queue(1, 8, 0x20000);
         driver_ok();
@@ -117,52 +103,52 @@ constexpr uint32_t full_status = VIRTIO_CONFIG_S_ACKNOWLEDGE | VIRTIO_CONFIG_S_D
 
 TEST_CASE_FIXTURE(Fixture, "identification registers")
 {
-    CHECK(rd(VIRTIO_MMIO_MAGIC_VALUE) == 0x74726976);
-    CHECK(rd(VIRTIO_MMIO_VERSION) == 2);
-    CHECK(rd(VIRTIO_MMIO_DEVICE_ID) == VIRTIO_ID_BLOCK);
-    CHECK(rd(VIRTIO_MMIO_VENDOR_ID) == VirtioMmioTransport::vendor_id);
-    CHECK(rd(VIRTIO_MMIO_CONFIG_GENERATION) == 0);
-    CHECK(rd(VIRTIO_MMIO_STATUS) == 0);
-    CHECK(rd(VIRTIO_MMIO_SHM_LEN_LOW) == 0xffffffff);  // "no shared memory region"
-    CHECK(rd(VIRTIO_MMIO_SHM_LEN_HIGH) == 0xffffffff);
+    CHECK(regs.rd(VIRTIO_MMIO_MAGIC_VALUE) == 0x74726976);
+    CHECK(regs.rd(VIRTIO_MMIO_VERSION) == 2);
+    CHECK(regs.rd(VIRTIO_MMIO_DEVICE_ID) == VIRTIO_ID_BLOCK);
+    CHECK(regs.rd(VIRTIO_MMIO_VENDOR_ID) == VirtioMmioTransport::vendor_id);
+    CHECK(regs.rd(VIRTIO_MMIO_CONFIG_GENERATION) == 0);
+    CHECK(regs.rd(VIRTIO_MMIO_STATUS) == 0);
+    CHECK(regs.rd(VIRTIO_MMIO_SHM_LEN_LOW) == 0xffffffff);  // "no shared memory region"
+    CHECK(regs.rd(VIRTIO_MMIO_SHM_LEN_HIGH) == 0xffffffff);
     // Write-only, legacy and unknown registers read as zero.
-    CHECK(rd(VIRTIO_MMIO_QUEUE_NOTIFY) == 0);
-    CHECK(rd(VIRTIO_MMIO_QUEUE_PFN) == 0);
-    CHECK(rd(0x0f0) == 0);
+    CHECK(regs.rd(VIRTIO_MMIO_QUEUE_NOTIFY) == 0);
+    CHECK(regs.rd(VIRTIO_MMIO_QUEUE_PFN) == 0);
+    CHECK(regs.rd(0x0f0) == 0);
 }
 
 TEST_CASE_FIXTURE(Fixture, "device features through the select register")
 {
-    wr(VIRTIO_MMIO_DEVICE_FEATURES_SEL, 0);
-    CHECK(rd(VIRTIO_MMIO_DEVICE_FEATURES) == static_cast<uint32_t>(offered));
-    wr(VIRTIO_MMIO_DEVICE_FEATURES_SEL, 1);
-    CHECK(rd(VIRTIO_MMIO_DEVICE_FEATURES) == static_cast<uint32_t>(offered >> 32));
-    CHECK((rd(VIRTIO_MMIO_DEVICE_FEATURES) & 1) == 1);  // VIRTIO_F_VERSION_1 is bit 32
-    wr(VIRTIO_MMIO_DEVICE_FEATURES_SEL, 2);
-    CHECK(rd(VIRTIO_MMIO_DEVICE_FEATURES) == 0);
+    regs.wr(VIRTIO_MMIO_DEVICE_FEATURES_SEL, 0);
+    CHECK(regs.rd(VIRTIO_MMIO_DEVICE_FEATURES) == static_cast<uint32_t>(offered));
+    regs.wr(VIRTIO_MMIO_DEVICE_FEATURES_SEL, 1);
+    CHECK(regs.rd(VIRTIO_MMIO_DEVICE_FEATURES) == static_cast<uint32_t>(offered >> 32));
+    CHECK((regs.rd(VIRTIO_MMIO_DEVICE_FEATURES) & 1) == 1);  // VIRTIO_F_VERSION_1 is bit 32
+    regs.wr(VIRTIO_MMIO_DEVICE_FEATURES_SEL, 2);
+    CHECK(regs.rd(VIRTIO_MMIO_DEVICE_FEATURES) == 0);
 }
 
 TEST_CASE_FIXTURE(Fixture, "feature negotiation")
 {
     SUBCASE("a subset of the offer is accepted") {
-        negotiate((1ull << VIRTIO_F_VERSION_1) | feature_a);
-        CHECK((rd(VIRTIO_MMIO_STATUS) & VIRTIO_CONFIG_S_FEATURES_OK) != 0);
+        regs.negotiate((1ull << VIRTIO_F_VERSION_1) | feature_a);
+        CHECK((regs.rd(VIRTIO_MMIO_STATUS) & VIRTIO_CONFIG_S_FEATURES_OK) != 0);
         CHECK(mmio.driver_features() == ((1ull << VIRTIO_F_VERSION_1) | feature_a));
         // Frozen once FEATURES_OK is set.
-        wr(VIRTIO_MMIO_DRIVER_FEATURES_SEL, 0);
-        wr(VIRTIO_MMIO_DRIVER_FEATURES, 0);
+        regs.wr(VIRTIO_MMIO_DRIVER_FEATURES_SEL, 0);
+        regs.wr(VIRTIO_MMIO_DRIVER_FEATURES, 0);
         CHECK(mmio.driver_features() == ((1ull << VIRTIO_F_VERSION_1) | feature_a));
     }
     SUBCASE("a feature never offered is refused") {
-        negotiate(offered | (1ull << 5));
-        CHECK(rd(VIRTIO_MMIO_STATUS) == (VIRTIO_CONFIG_S_ACKNOWLEDGE | VIRTIO_CONFIG_S_DRIVER));
+        regs.negotiate(offered | (1ull << 5));
+        CHECK(regs.rd(VIRTIO_MMIO_STATUS) == (VIRTIO_CONFIG_S_ACKNOWLEDGE | VIRTIO_CONFIG_S_DRIVER));
     }
     SUBCASE("a legacy driver (no VERSION_1) is refused") {
-        negotiate(feature_a);
-        CHECK((rd(VIRTIO_MMIO_STATUS) & VIRTIO_CONFIG_S_FEATURES_OK) == 0);
+        regs.negotiate(feature_a);
+        CHECK((regs.rd(VIRTIO_MMIO_STATUS) & VIRTIO_CONFIG_S_FEATURES_OK) == 0);
         // And so DRIVER_OK cannot follow.
         driver_ok();
-        CHECK((rd(VIRTIO_MMIO_STATUS) & VIRTIO_CONFIG_S_DRIVER_OK) == 0);
+        CHECK((regs.rd(VIRTIO_MMIO_STATUS) & VIRTIO_CONFIG_S_DRIVER_OK) == 0);
         CHECK(dev.activations == 0);
     }
 }
@@ -170,64 +156,64 @@ TEST_CASE_FIXTURE(Fixture, "feature negotiation")
 TEST_CASE_FIXTURE(Fixture, "status state machine")
 {
     SUBCASE("bits out of order are dropped") {
-        wr(VIRTIO_MMIO_STATUS, VIRTIO_CONFIG_S_DRIVER);
-        CHECK(rd(VIRTIO_MMIO_STATUS) == 0);
-        wr(VIRTIO_MMIO_STATUS, VIRTIO_CONFIG_S_ACKNOWLEDGE | VIRTIO_CONFIG_S_DRIVER | VIRTIO_CONFIG_S_DRIVER_OK);
-        CHECK(rd(VIRTIO_MMIO_STATUS) == (VIRTIO_CONFIG_S_ACKNOWLEDGE | VIRTIO_CONFIG_S_DRIVER));
+        regs.wr(VIRTIO_MMIO_STATUS, VIRTIO_CONFIG_S_DRIVER);
+        CHECK(regs.rd(VIRTIO_MMIO_STATUS) == 0);
+        regs.wr(VIRTIO_MMIO_STATUS, VIRTIO_CONFIG_S_ACKNOWLEDGE | VIRTIO_CONFIG_S_DRIVER | VIRTIO_CONFIG_S_DRIVER_OK);
+        CHECK(regs.rd(VIRTIO_MMIO_STATUS) == (VIRTIO_CONFIG_S_ACKNOWLEDGE | VIRTIO_CONFIG_S_DRIVER));
         CHECK(dev.activations == 0);
     }
     SUBCASE("clearing a bit without a reset is ignored") {
-        negotiate(offered);
-        wr(VIRTIO_MMIO_STATUS, VIRTIO_CONFIG_S_ACKNOWLEDGE);
-        CHECK(rd(VIRTIO_MMIO_STATUS) ==
+        regs.negotiate(offered);
+        regs.wr(VIRTIO_MMIO_STATUS, VIRTIO_CONFIG_S_ACKNOWLEDGE);
+        CHECK(regs.rd(VIRTIO_MMIO_STATUS) ==
               (VIRTIO_CONFIG_S_ACKNOWLEDGE | VIRTIO_CONFIG_S_DRIVER | VIRTIO_CONFIG_S_FEATURES_OK));
     }
     SUBCASE("the driver cannot set NEEDS_RESET or unknown bits") {
-        wr(VIRTIO_MMIO_STATUS, VIRTIO_CONFIG_S_ACKNOWLEDGE | VIRTIO_CONFIG_S_NEEDS_RESET);
-        CHECK(rd(VIRTIO_MMIO_STATUS) == 0);
-        wr(VIRTIO_MMIO_STATUS, VIRTIO_CONFIG_S_ACKNOWLEDGE | 0x100);
-        CHECK(rd(VIRTIO_MMIO_STATUS) == 0);
+        regs.wr(VIRTIO_MMIO_STATUS, VIRTIO_CONFIG_S_ACKNOWLEDGE | VIRTIO_CONFIG_S_NEEDS_RESET);
+        CHECK(regs.rd(VIRTIO_MMIO_STATUS) == 0);
+        regs.wr(VIRTIO_MMIO_STATUS, VIRTIO_CONFIG_S_ACKNOWLEDGE | 0x100);
+        CHECK(regs.rd(VIRTIO_MMIO_STATUS) == 0);
     }
     SUBCASE("FAILED is recorded") {
-        wr(VIRTIO_MMIO_STATUS, VIRTIO_CONFIG_S_ACKNOWLEDGE);
-        wr(VIRTIO_MMIO_STATUS, VIRTIO_CONFIG_S_ACKNOWLEDGE | VIRTIO_CONFIG_S_FAILED);
-        CHECK(rd(VIRTIO_MMIO_STATUS) == (VIRTIO_CONFIG_S_ACKNOWLEDGE | VIRTIO_CONFIG_S_FAILED));
+        regs.wr(VIRTIO_MMIO_STATUS, VIRTIO_CONFIG_S_ACKNOWLEDGE);
+        regs.wr(VIRTIO_MMIO_STATUS, VIRTIO_CONFIG_S_ACKNOWLEDGE | VIRTIO_CONFIG_S_FAILED);
+        CHECK(regs.rd(VIRTIO_MMIO_STATUS) == (VIRTIO_CONFIG_S_ACKNOWLEDGE | VIRTIO_CONFIG_S_FAILED));
     }
 }
 
 TEST_CASE_FIXTURE(Fixture, "queue setup and activation")
 {
-    negotiate(offered);
-    wr(VIRTIO_MMIO_QUEUE_SEL, 0);
-    CHECK(rd(VIRTIO_MMIO_QUEUE_NUM_MAX) == 16);
-    wr(VIRTIO_MMIO_QUEUE_SEL, 1);
-    CHECK(rd(VIRTIO_MMIO_QUEUE_NUM_MAX) == 8);
-    wr(VIRTIO_MMIO_QUEUE_SEL, 2);
-    CHECK(rd(VIRTIO_MMIO_QUEUE_NUM_MAX) == 0);  // no such queue
-    CHECK(rd(VIRTIO_MMIO_QUEUE_READY) == 0);
-    wr(VIRTIO_MMIO_QUEUE_READY, 1);             // ignored
+    regs.negotiate(offered);
+    regs.wr(VIRTIO_MMIO_QUEUE_SEL, 0);
+    CHECK(regs.rd(VIRTIO_MMIO_QUEUE_NUM_MAX) == 16);
+    regs.wr(VIRTIO_MMIO_QUEUE_SEL, 1);
+    CHECK(regs.rd(VIRTIO_MMIO_QUEUE_NUM_MAX) == 8);
+    regs.wr(VIRTIO_MMIO_QUEUE_SEL, 2);
+    CHECK(regs.rd(VIRTIO_MMIO_QUEUE_NUM_MAX) == 0);  // no such queue
+    CHECK(regs.rd(VIRTIO_MMIO_QUEUE_READY) == 0);
+    regs.wr(VIRTIO_MMIO_QUEUE_READY, 1);             // ignored
 
     SUBCASE("bad size leaves the queue off") {
         setup_queue(0, 12, 0x10000);
-        CHECK(rd(VIRTIO_MMIO_QUEUE_READY) == 0);
+        CHECK(regs.rd(VIRTIO_MMIO_QUEUE_READY) == 0);
         setup_queue(0, 32, 0x10000);
-        CHECK(rd(VIRTIO_MMIO_QUEUE_READY) == 0);
+        CHECK(regs.rd(VIRTIO_MMIO_QUEUE_READY) == 0);
         setup_queue(0, 0x10010, 0x10000);  // does not fit 16 bits
-        CHECK(rd(VIRTIO_MMIO_QUEUE_READY) == 0);
+        CHECK(regs.rd(VIRTIO_MMIO_QUEUE_READY) == 0);
     }
     SUBCASE("rings outside RAM leave the queue off") {
         setup_queue(0, 16, 0x1'0000'0000ull);
-        CHECK(rd(VIRTIO_MMIO_QUEUE_READY) == 0);
+        CHECK(regs.rd(VIRTIO_MMIO_QUEUE_READY) == 0);
     }
     SUBCASE("good setup, then DRIVER_OK activates the device") {
         setup_queue(0, 16, 0x10000);
-        CHECK(rd(VIRTIO_MMIO_QUEUE_READY) == 1);
+        CHECK(regs.rd(VIRTIO_MMIO_QUEUE_READY) == 1);
         // Configuration of a ready queue is frozen.
-        wr(VIRTIO_MMIO_QUEUE_NUM, 4);
-        wr(VIRTIO_MMIO_QUEUE_DESC_LOW, 0x50000);
+        regs.wr(VIRTIO_MMIO_QUEUE_NUM, 4);
+        regs.wr(VIRTIO_MMIO_QUEUE_DESC_LOW, 0x50000);
         setup_queue(1, 4, 0x20000);
         driver_ok();
-        CHECK(rd(VIRTIO_MMIO_STATUS) == full_status);
+        CHECK(regs.rd(VIRTIO_MMIO_STATUS) == full_status);
         REQUIRE(dev.activations == 1);
         REQUIRE(dev.ctx.queues.size() == 2);
         CHECK(dev.ctx.mem == &mem);
@@ -241,13 +227,13 @@ TEST_CASE_FIXTURE(Fixture, "queue setup and activation")
         CHECK(q0.event_idx());
         CHECK(dev.ctx.queues[1].size() == 4);
         // No queue setup after DRIVER_OK.
-        wr(VIRTIO_MMIO_QUEUE_SEL, 1);
-        wr(VIRTIO_MMIO_QUEUE_READY, 0);
-        CHECK(rd(VIRTIO_MMIO_QUEUE_READY) == 1);
+        regs.wr(VIRTIO_MMIO_QUEUE_SEL, 1);
+        regs.wr(VIRTIO_MMIO_QUEUE_READY, 0);
+        CHECK(regs.rd(VIRTIO_MMIO_QUEUE_READY) == 1);
     }
     SUBCASE("without EVENT_IDX negotiated the queues do not use it") {
-        wr(VIRTIO_MMIO_STATUS, 0);
-        negotiate(1ull << VIRTIO_F_VERSION_1);
+        regs.wr(VIRTIO_MMIO_STATUS, 0);
+        regs.negotiate(1ull << VIRTIO_F_VERSION_1);
         setup_queue(0, 16, 0x10000);
         driver_ok();
         REQUIRE(dev.activations == 1);
@@ -258,16 +244,16 @@ TEST_CASE_FIXTURE(Fixture, "queue setup and activation")
 TEST_CASE_FIXTURE(Fixture, "notifications")
 {
     SUBCASE("before DRIVER_OK they are ignored") {
-        negotiate(offered);
+        regs.negotiate(offered);
         setup_queue(0, 16, 0x10000);
-        wr(VIRTIO_MMIO_QUEUE_NOTIFY, 0);
+        regs.wr(VIRTIO_MMIO_QUEUE_NOTIFY, 0);
         CHECK(notified.empty());
     }
     SUBCASE("after DRIVER_OK they reach on_notify") {
         bring_up();
-        wr(VIRTIO_MMIO_QUEUE_NOTIFY, 1);
-        wr(VIRTIO_MMIO_QUEUE_NOTIFY, 0);
-        wr(VIRTIO_MMIO_QUEUE_NOTIFY, 2);  // no such queue
+        regs.wr(VIRTIO_MMIO_QUEUE_NOTIFY, 1);
+        regs.wr(VIRTIO_MMIO_QUEUE_NOTIFY, 0);
+        regs.wr(VIRTIO_MMIO_QUEUE_NOTIFY, 2);  // no such queue
         CHECK(notified == std::vector<uint16_t>{1, 0});
         CHECK(dev.processed.empty());  // on_notify decides where processing runs
         mmio.notify_queue(1);
@@ -275,7 +261,7 @@ TEST_CASE_FIXTURE(Fixture, "notifications")
         CHECK(dev.processed == std::vector<size_t>{1});
     }
     SUBCASE("a queue the driver did not enable is not processed") {
-        negotiate(offered);
+        regs.negotiate(offered);
         setup_queue(0, 16, 0x10000);
         driver_ok();
         mmio.notify_queue(1);
@@ -287,15 +273,15 @@ TEST_CASE_FIXTURE(Fixture, "notifications")
 TEST_CASE_FIXTURE(Fixture, "interrupt status and acknowledgement")
 {
     bring_up();
-    CHECK(rd(VIRTIO_MMIO_INTERRUPT_STATUS) == 0);
+    CHECK(regs.rd(VIRTIO_MMIO_INTERRUPT_STATUS) == 0);
     {
         std::lock_guard lock(dev.mutex());
         dev.ctx.signal_used();
     }
     CHECK(interrupts == 1);
-    CHECK(rd(VIRTIO_MMIO_INTERRUPT_STATUS) == VIRTIO_MMIO_INT_VRING);
-    wr(VIRTIO_MMIO_INTERRUPT_ACK, VIRTIO_MMIO_INT_VRING);
-    CHECK(rd(VIRTIO_MMIO_INTERRUPT_STATUS) == 0);
+    CHECK(regs.rd(VIRTIO_MMIO_INTERRUPT_STATUS) == VIRTIO_MMIO_INT_VRING);
+    regs.wr(VIRTIO_MMIO_INTERRUPT_ACK, VIRTIO_MMIO_INT_VRING);
+    CHECK(regs.rd(VIRTIO_MMIO_INTERRUPT_STATUS) == 0);
 
     // A broken queue: NEEDS_RESET plus a config interrupt; notifications stop.
     {
@@ -303,31 +289,31 @@ TEST_CASE_FIXTURE(Fixture, "interrupt status and acknowledgement")
         dev.ctx.needs_reset();
     }
     CHECK(interrupts == 2);
-    CHECK(rd(VIRTIO_MMIO_INTERRUPT_STATUS) == VIRTIO_MMIO_INT_CONFIG);
-    CHECK(rd(VIRTIO_MMIO_STATUS) == (full_status | VIRTIO_CONFIG_S_NEEDS_RESET));
-    wr(VIRTIO_MMIO_QUEUE_NOTIFY, 0);
+    CHECK(regs.rd(VIRTIO_MMIO_INTERRUPT_STATUS) == VIRTIO_MMIO_INT_CONFIG);
+    CHECK(regs.rd(VIRTIO_MMIO_STATUS) == (full_status | VIRTIO_CONFIG_S_NEEDS_RESET));
+    regs.wr(VIRTIO_MMIO_QUEUE_NOTIFY, 0);
     mmio.notify_queue(0);
     CHECK(notified.empty());
     CHECK(dev.processed.empty());
     // The driver echoing the status back with NEEDS_RESET is fine; a reset clears it.
-    wr(VIRTIO_MMIO_STATUS, full_status | VIRTIO_CONFIG_S_NEEDS_RESET);
-    CHECK(rd(VIRTIO_MMIO_STATUS) == (full_status | VIRTIO_CONFIG_S_NEEDS_RESET));
-    wr(VIRTIO_MMIO_STATUS, 0);
-    CHECK(rd(VIRTIO_MMIO_STATUS) == 0);
-    CHECK(rd(VIRTIO_MMIO_INTERRUPT_STATUS) == 0);
+    regs.wr(VIRTIO_MMIO_STATUS, full_status | VIRTIO_CONFIG_S_NEEDS_RESET);
+    CHECK(regs.rd(VIRTIO_MMIO_STATUS) == (full_status | VIRTIO_CONFIG_S_NEEDS_RESET));
+    regs.wr(VIRTIO_MMIO_STATUS, 0);
+    CHECK(regs.rd(VIRTIO_MMIO_STATUS) == 0);
+    CHECK(regs.rd(VIRTIO_MMIO_INTERRUPT_STATUS) == 0);
 }
 
 TEST_CASE_FIXTURE(Fixture, "writing 0 to Status resets device and queues")
 {
     bring_up();
-    wr(VIRTIO_MMIO_QUEUE_SEL, 1);
-    wr(VIRTIO_MMIO_STATUS, 0);
+    regs.wr(VIRTIO_MMIO_QUEUE_SEL, 1);
+    regs.wr(VIRTIO_MMIO_STATUS, 0);
     CHECK(dev.resets == 1);
-    CHECK(rd(VIRTIO_MMIO_STATUS) == 0);
+    CHECK(regs.rd(VIRTIO_MMIO_STATUS) == 0);
     CHECK(mmio.driver_features() == 0);
     for (uint32_t q = 0; q < 2; ++q) {
-        wr(VIRTIO_MMIO_QUEUE_SEL, q);
-        CHECK(rd(VIRTIO_MMIO_QUEUE_READY) == 0);
+        regs.wr(VIRTIO_MMIO_QUEUE_SEL, q);
+        CHECK(regs.rd(VIRTIO_MMIO_QUEUE_READY) == 0);
     }
     const auto s = mmio.save();
     CHECK(s.queue_sel == 1);  // the write after the reset
@@ -340,7 +326,7 @@ TEST_CASE_FIXTURE(Fixture, "writing 0 to Status resets device and queues")
 
 TEST_CASE_FIXTURE(Fixture, "register accesses of the wrong width are ignored")
 {
-    negotiate(offered);
+    regs.negotiate(offered);
     uint16_t half = 0xffff;
     mmio.bus_read(VIRTIO_MMIO_MAGIC_VALUE, std::span(reinterpret_cast<uint8_t*>(&half), 2));
     CHECK(half == 0);
@@ -350,10 +336,10 @@ TEST_CASE_FIXTURE(Fixture, "register accesses of the wrong width are ignored")
     const uint8_t zero = 0;
     mmio.bus_write(VIRTIO_MMIO_STATUS, std::span(&zero, 1));  // would be a reset at width 4
     CHECK(dev.resets == 0);
-    CHECK((rd(VIRTIO_MMIO_STATUS) & VIRTIO_CONFIG_S_FEATURES_OK) != 0);
+    CHECK((regs.rd(VIRTIO_MMIO_STATUS) & VIRTIO_CONFIG_S_FEATURES_OK) != 0);
     // Unaligned 32-bit access.
-    CHECK(rd(VIRTIO_MMIO_MAGIC_VALUE + 1) == 0);
-    wr(VIRTIO_MMIO_STATUS + 2, 0);
+    CHECK(regs.rd(VIRTIO_MMIO_MAGIC_VALUE + 1) == 0);
+    regs.wr(VIRTIO_MMIO_STATUS + 2, 0);
     CHECK(dev.resets == 0);
 }
 
@@ -365,11 +351,11 @@ TEST_CASE_FIXTURE(Fixture, "config space at 0x100 in any width")
     uint16_t h = 0;
     mmio.bus_read(VIRTIO_MMIO_CONFIG + 1, std::span(reinterpret_cast<uint8_t*>(&h), 2));
     CHECK(h == 0x1211);
-    CHECK(rd(VIRTIO_MMIO_CONFIG + 4) == 0x17161514);
+    CHECK(regs.rd(VIRTIO_MMIO_CONFIG + 4) == 0x17161514);
     uint64_t q = 0;
     mmio.bus_read(VIRTIO_MMIO_CONFIG, std::span(reinterpret_cast<uint8_t*>(&q), 8));
     CHECK(q == 0x1716151413121110ull);
-    CHECK(rd(VIRTIO_MMIO_CONFIG + 0x100) == 0);
+    CHECK(regs.rd(VIRTIO_MMIO_CONFIG + 0x100) == 0);
     const uint8_t v = 0xaa;
     mmio.bus_write(VIRTIO_MMIO_CONFIG + 2, std::span(&v, 1));
     CHECK(dev.config[2] == 0xaa);
@@ -399,8 +385,8 @@ TEST_CASE_FIXTURE(Fixture, "save, restore, save is identical")
         std::lock_guard lock(dev.mutex());
         dev.ctx.signal_used();
     }
-    wr(VIRTIO_MMIO_QUEUE_SEL, 1);
-    wr(VIRTIO_MMIO_DEVICE_FEATURES_SEL, 1);
+    regs.wr(VIRTIO_MMIO_QUEUE_SEL, 1);
+    regs.wr(VIRTIO_MMIO_DEVICE_FEATURES_SEL, 1);
     const auto s = mmio.save();
     CHECK(s.status == full_status);
     CHECK(s.driver_features == offered);

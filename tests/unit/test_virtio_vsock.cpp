@@ -16,11 +16,13 @@
 #include <vector>
 
 #include "devices/virtio_mmio.hpp"
+#include "tests/support/mmio_driver.hpp"
 #include "devices/virtio_vsock.hpp"
 #include "vmm/guest_memory.hpp"
 #include "vmm/layout.hpp"
 
 using namespace agentvm;
+using namespace agentvm::test;
 
 namespace {
 
@@ -126,39 +128,27 @@ struct Rig {
     VirtioVsock vsock{backend, cid};
     int interrupts = 0;
     VirtioMmioTransport mmio{mem, vsock, [this] { ++interrupts; }, {}};
+    MmioDriver regs{mmio};
     std::array<DriverQueue, 3> q{{{0x10000, 0x20000, 0x30000},
                                   {0x40000, 0x50000, 0x60000},
                                   {0x70000, 0x80000, 0x90000}}};
 
-    uint32_t rd(uint64_t off)
-    {
-        uint32_t v = 0;
-        mmio.bus_read(off, std::span(reinterpret_cast<uint8_t*>(&v), 4));
-        return v;
-    }
-    void wr(uint64_t off, uint32_t v) { mmio.bus_write(off, std::span(reinterpret_cast<const uint8_t*>(&v), 4)); }
 
     void bring_up(uint64_t features = VirtioVsock::features)
     {
-        wr(VIRTIO_MMIO_STATUS, VIRTIO_CONFIG_S_ACKNOWLEDGE);
-        wr(VIRTIO_MMIO_STATUS, VIRTIO_CONFIG_S_ACKNOWLEDGE | VIRTIO_CONFIG_S_DRIVER);
-        wr(VIRTIO_MMIO_DRIVER_FEATURES_SEL, 0);
-        wr(VIRTIO_MMIO_DRIVER_FEATURES, static_cast<uint32_t>(features));
-        wr(VIRTIO_MMIO_DRIVER_FEATURES_SEL, 1);
-        wr(VIRTIO_MMIO_DRIVER_FEATURES, static_cast<uint32_t>(features >> 32));
-        wr(VIRTIO_MMIO_STATUS, VIRTIO_CONFIG_S_ACKNOWLEDGE | VIRTIO_CONFIG_S_DRIVER | VIRTIO_CONFIG_S_FEATURES_OK);
+        regs.negotiate(features);
         for (uint32_t i = 0; i < 3; ++i) {
-            wr(VIRTIO_MMIO_QUEUE_SEL, i);
-            REQUIRE(rd(VIRTIO_MMIO_QUEUE_NUM_MAX) == qsize);
-            wr(VIRTIO_MMIO_QUEUE_NUM, qsize);
-            wr(VIRTIO_MMIO_QUEUE_DESC_LOW, static_cast<uint32_t>(q[i].desc));
-            wr(VIRTIO_MMIO_QUEUE_AVAIL_LOW, static_cast<uint32_t>(q[i].avail));
-            wr(VIRTIO_MMIO_QUEUE_USED_LOW, static_cast<uint32_t>(q[i].used));
-            wr(VIRTIO_MMIO_QUEUE_READY, 1);
+            regs.wr(VIRTIO_MMIO_QUEUE_SEL, i);
+            REQUIRE(regs.rd(VIRTIO_MMIO_QUEUE_NUM_MAX) == qsize);
+            regs.wr(VIRTIO_MMIO_QUEUE_NUM, qsize);
+            regs.wr(VIRTIO_MMIO_QUEUE_DESC_LOW, static_cast<uint32_t>(q[i].desc));
+            regs.wr(VIRTIO_MMIO_QUEUE_AVAIL_LOW, static_cast<uint32_t>(q[i].avail));
+            regs.wr(VIRTIO_MMIO_QUEUE_USED_LOW, static_cast<uint32_t>(q[i].used));
+            regs.wr(VIRTIO_MMIO_QUEUE_READY, 1);
         }
-        wr(VIRTIO_MMIO_STATUS, VIRTIO_CONFIG_S_ACKNOWLEDGE | VIRTIO_CONFIG_S_DRIVER | VIRTIO_CONFIG_S_FEATURES_OK |
+        regs.wr(VIRTIO_MMIO_STATUS, VIRTIO_CONFIG_S_ACKNOWLEDGE | VIRTIO_CONFIG_S_DRIVER | VIRTIO_CONFIG_S_FEATURES_OK |
                                    VIRTIO_CONFIG_S_DRIVER_OK);
-        REQUIRE((rd(VIRTIO_MMIO_STATUS) & VIRTIO_CONFIG_S_DRIVER_OK) != 0);
+        REQUIRE((regs.rd(VIRTIO_MMIO_STATUS) & VIRTIO_CONFIG_S_DRIVER_OK) != 0);
     }
 
     // Every descriptor index of every queue has its own 68 KiB of guest RAM.
@@ -292,18 +282,18 @@ void check_reply(const Packet& p, uint16_t op, uint32_t host_port, uint32_t gues
 
 TEST_CASE_FIXTURE(Rig, "identity and config space")
 {
-    CHECK(rd(VIRTIO_MMIO_DEVICE_ID) == VIRTIO_ID_VSOCK);
-    wr(VIRTIO_MMIO_DEVICE_FEATURES_SEL, 0);
-    const uint64_t lo = rd(VIRTIO_MMIO_DEVICE_FEATURES);
-    wr(VIRTIO_MMIO_DEVICE_FEATURES_SEL, 1);
-    const uint64_t hi = rd(VIRTIO_MMIO_DEVICE_FEATURES);
+    CHECK(regs.rd(VIRTIO_MMIO_DEVICE_ID) == VIRTIO_ID_VSOCK);
+    regs.wr(VIRTIO_MMIO_DEVICE_FEATURES_SEL, 0);
+    const uint64_t lo = regs.rd(VIRTIO_MMIO_DEVICE_FEATURES);
+    regs.wr(VIRTIO_MMIO_DEVICE_FEATURES_SEL, 1);
+    const uint64_t hi = regs.rd(VIRTIO_MMIO_DEVICE_FEATURES);
     CHECK(((hi << 32) | lo) == VirtioVsock::features);
     uint64_t guest_cid = 0;
     mmio.bus_read(VIRTIO_MMIO_CONFIG, std::span(reinterpret_cast<uint8_t*>(&guest_cid), 8));
     CHECK(guest_cid == cid);
-    wr(VIRTIO_MMIO_CONFIG, 99);  // read-only
-    CHECK(rd(VIRTIO_MMIO_CONFIG) == cid);
-    CHECK(rd(VIRTIO_MMIO_CONFIG + 8) == 0);
+    regs.wr(VIRTIO_MMIO_CONFIG, 99);  // read-only
+    CHECK(regs.rd(VIRTIO_MMIO_CONFIG) == cid);
+    CHECK(regs.rd(VIRTIO_MMIO_CONFIG + 8) == 0);
 
     TestBackend b;
     CHECK_THROWS_AS(VirtioVsock(b, 2), Error);
@@ -658,7 +648,7 @@ TEST_CASE_FIXTURE(Rig, "malformed tx packets")
     const VsockConnId fresh = establish(8500, 2500);
     guest_send(ghdr(VIRTIO_VSOCK_OP_RW, 8500, 2500, 2), {4, 2});
     CHECK(backend.received[fresh] == std::vector<uint8_t>{4, 2});
-    CHECK((rd(VIRTIO_MMIO_STATUS) & VIRTIO_CONFIG_S_NEEDS_RESET) == 0);
+    CHECK((regs.rd(VIRTIO_MMIO_STATUS) & VIRTIO_CONFIG_S_NEEDS_RESET) == 0);
 }
 
 TEST_CASE_FIXTURE(Rig, "unusable rx buffers are returned empty; the packet waits for a good one")
@@ -757,7 +747,7 @@ TEST_CASE_FIXTURE(Rig, "a device reset drops every connection")
 {
     bring_up();
     establish(100, 200);
-    wr(VIRTIO_MMIO_STATUS, 0);
+    regs.wr(VIRTIO_MMIO_STATUS, 0);
     CHECK(vsock.connection_count() == 0);
     CHECK(backend.closed.size() == 1);
     CHECK_FALSE(vsock.connect({1, 2}));  // not active
@@ -930,14 +920,14 @@ TEST_CASE_FIXTURE(Rig, "a broken tx ring sets NEEDS_RESET; a reset recovers")
     establish(1, 2);
     mem.write_obj<uint16_t>(q[1].avail + 2, static_cast<uint16_t>(q[1].avail_idx + qsize + 1));
     mmio.notify_queue(1);
-    CHECK((rd(VIRTIO_MMIO_STATUS) & VIRTIO_CONFIG_S_NEEDS_RESET) != 0);
+    CHECK((regs.rd(VIRTIO_MMIO_STATUS) & VIRTIO_CONFIG_S_NEEDS_RESET) != 0);
     // Nothing moves until the driver resets the device.
     CHECK_FALSE(vsock.connect({5, 6}));
     CHECK(vsock.send({2, 1}, bytes_of("x")) == 1);
     post_rx(1);
     CHECK(take_rx().empty());
 
-    wr(VIRTIO_MMIO_STATUS, 0);
+    regs.wr(VIRTIO_MMIO_STATUS, 0);
     CHECK(vsock.connection_count() == 0);
     for (auto& d : q) {
         d = {d.desc, d.avail, d.used};
