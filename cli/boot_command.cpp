@@ -1,7 +1,6 @@
 #include "cli/boot_command.hpp"
 
 #include <signal.h>
-#include <sys/signalfd.h>
 #include <unistd.h>
 
 #include <array>
@@ -11,6 +10,7 @@
 #include <spdlog/spdlog.h>
 
 #include "cli/exit_codes.hpp"
+#include "cli/stop_signals.hpp"
 #include "cli/vm_options.hpp"
 #include "vmm/error.hpp"
 #include "vmm/host_check.hpp"
@@ -23,23 +23,6 @@ namespace {
 // ^D at the start of a line: the guest tty's end-of-file, so a shell reading the console sees
 // host stdin end as its own stdin ending.
 constexpr uint8_t console_eof = 0x04;
-
-// SIGINT and SIGTERM are taken through a signalfd on the I/O loop, so they end the VM through
-// the same orderly path as a guest power-off. They are blocked before any thread starts, so
-// every vCPU thread inherits the mask and none is picked to run a default handler.
-Fd block_stop_signals()
-{
-    sigset_t set;
-    sigemptyset(&set);
-    sigaddset(&set, SIGINT);
-    sigaddset(&set, SIGTERM);
-    if (::pthread_sigmask(SIG_BLOCK, &set, nullptr) != 0)
-        throw Error("cannot block SIGINT/SIGTERM");
-    Fd fd(::signalfd(-1, &set, SFD_CLOEXEC | SFD_NONBLOCK));
-    if (!fd)
-        throw_errno("signalfd");
-    return fd;
-}
 
 void forward_stdin(Vm& vm)
 {
@@ -67,7 +50,7 @@ int run_boot(VmOptions& options)
     if (host != HostKvm::hardware)
         throw Error(host_kvm_problem(host));
     Kvm kvm;
-    Fd signals = block_stop_signals();
+    StopSignals signals;
     config.console_fd = options.open_console();
     std::optional<Vm> built;
     try {
@@ -77,14 +60,7 @@ int run_boot(VmOptions& options)
         throw;
     }
     Vm& vm = *built;
-    int stop_signal = 0;
-    vm.event_loop().watch_readable(signals.get(), [&] {
-        signalfd_siginfo info{};
-        if (::read(signals.get(), &info, sizeof(info)) == sizeof(info)) {
-            stop_signal = static_cast<int>(info.ssi_signo);
-            vm.stop(VmOutcome::stopped, strsignal(stop_signal));
-        }
-    });
+    signals.watch(vm);
     if (::fcntl(STDIN_FILENO, F_GETFD) != -1)
         forward_stdin(vm);
 
@@ -101,10 +77,11 @@ int run_boot(VmOptions& options)
         spdlog::error("VM failed: {}", result.detail);
         break;
     case VmOutcome::stopped:
+    case VmOutcome::finished:
         spdlog::warn("VM stopped: {}", result.detail);
         break;
     }
-    return exit_code::from(result, stop_signal);
+    return exit_code::from(result, signals.received());
 }
 
 } // namespace
@@ -112,7 +89,7 @@ int run_boot(VmOptions& options)
 Subcommand add_boot_command(CLI::App& app)
 {
     auto* boot = app.add_subcommand("boot", "Boot a guest and stay attached until it powers off");
-    auto options = std::make_shared<VmOptions>();
+    auto options = std::make_shared<VmOptions>(VmRole::boot);
     options->add_to(*boot);
     return {boot, [options] { return run_boot(*options); }};
 }

@@ -6,6 +6,7 @@ int from(const VmResult& result, int stop_signal)
 {
     switch (result.outcome) {
     case VmOutcome::powered_off:
+    case VmOutcome::finished:
         return ok;
     case VmOutcome::panicked:
         return guest_panic;

@@ -12,6 +12,13 @@ inline constexpr int guest_panic = 3;     // the guest kernel panicked
 inline constexpr int vm_failure = 4;      // a vCPU or device failed while running
 inline constexpr int signal_base = 128;   // stopped by signal N: 128 + N
 
+// agentvm run passes on the command's own status (0-255, 128+N for signal N), so its own
+// outcomes take the codes timeout(1) and docker run made familiar.
+inline constexpr int run_timed_out = 124;       // --timeout expired; the command was killed
+inline constexpr int run_failure = 125;         // agentvm itself failed: usage, set-up, VM, agent
+inline constexpr int run_cannot_execute = 126;  // the command exists but cannot be executed
+inline constexpr int run_not_found = 127;       // no such command (or --workdir)
+
 int from(const VmResult& result, int stop_signal);
 
 } // namespace agentvm::exit_code

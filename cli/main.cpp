@@ -2,16 +2,35 @@
 #include <CLI/CLI.hpp>
 #include <spdlog/spdlog.h>
 
+#include <csignal>
 #include <vector>
 
 #include "agentvm_config.hpp"
 #include "cli/boot_command.hpp"
+#include "cli/episode_command.hpp"
 #include "cli/exit_codes.hpp"
 #include "cli/logging.hpp"
+#include "cli/run_command.hpp"
 #include "vmm/error.hpp"
+
+namespace {
+
+// The subcommand on the command line, even if its parsing failed part-way.
+const agentvm::Subcommand* chosen(const std::vector<agentvm::Subcommand>& commands)
+{
+    for (const auto& command : commands)
+        if (command.app->parsed())
+            return &command;
+    return nullptr;
+}
+
+} // namespace
 
 int main(int argc, char** argv)
 {
+    // A reader that goes away (a closed stdout pipe) is an error to report, not a reason to die.
+    std::signal(SIGPIPE, SIG_IGN);
+
     CLI::App app{"agentvm: a KVM microVM monitor for AI-agent episodes"};
     app.set_version_flag("--version", "agentvm " AGENTVM_VERSION);
     app.require_subcommand(1);
@@ -19,24 +38,30 @@ int main(int argc, char** argv)
     app.add_option("--log-level", log_level, "trace, debug, info, warn, error, critical or off")
         ->capture_default_str();
 
-    const std::vector<agentvm::Subcommand> commands = {agentvm::add_boot_command(app)};
+    const std::vector<agentvm::Subcommand> commands = {
+        agentvm::add_run_command(app),
+        agentvm::add_episode_command(app),
+        agentvm::add_boot_command(app),
+    };
 
     try {
         app.parse(argc, argv);
     } catch (const CLI::ParseError& e) {
         const int code = app.exit(e);
-        return code == 0 ? 0 : agentvm::exit_code::usage;
+        if (code == 0)
+            return 0;
+        const auto* command = chosen(commands);
+        return command && command->failure_code ? command->failure_code : agentvm::exit_code::usage;
     }
 
+    const auto* command = chosen(commands);
     try {
         agentvm::setup_logging(log_level);
-        for (const auto& command : commands) {
-            if (command.app->parsed())
-                return command.run();
-        }
+        if (command)
+            return command->run();
     } catch (const std::exception& e) {
         spdlog::error("{}", e.what());
-        return agentvm::exit_code::error;
+        return command && command->failure_code ? command->failure_code : agentvm::exit_code::error;
     }
     return agentvm::exit_code::usage;
 }

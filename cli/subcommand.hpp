@@ -10,6 +10,9 @@ namespace agentvm {
 struct Subcommand {
     CLI::App* app;
     std::function<int()> run;
+    // The exit code for a bad flag or any error of agentvm's own (run: 125, so it cannot be
+    // mistaken for the command's status); 0 means the usual ones (2 for usage, 1 otherwise).
+    int failure_code = 0;
 };
 
 } // namespace agentvm

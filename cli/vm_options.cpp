@@ -45,6 +45,10 @@ std::string default_guest_file(const std::string& name)
     return (exe.parent_path() / "guest" / name).string();
 }
 
+VmOptions::VmOptions(VmRole role) : role_(role), console_(role == VmRole::boot ? "-" : "")
+{
+}
+
 void VmOptions::add_to(CLI::App& command)
 {
     command.add_option("--kernel", kernel_, "guest kernel: vmlinux ELF or bzImage (default: the one set-up built)");
@@ -52,12 +56,17 @@ void VmOptions::add_to(CLI::App& command)
     command.add_option("--cpus", cpus_, "number of vCPUs")->capture_default_str();
     command.add_option("--mem", mem_mib_, "guest memory in MiB")->capture_default_str();
     command.add_option("--cmdline", cmdline_, "extra kernel command-line parameters");
-    command.add_option("--init-cmd", init_cmd_, "command the guest init runs with /bin/sh -c, then powers off");
+    if (role_ == VmRole::boot)
+        command.add_option("--init-cmd", init_cmd_, "command the guest init runs with /bin/sh -c, then powers off");
     command.add_option("--vsock-uds", vsock_uds_,
                        "Unix socket for the guest's vsock: connect and write 'CONNECT <port>\\n' to reach a "
                        "guest port; the guest reaches host port P at <path>_P");
-    command.add_option("--console", console_, "where the guest serial console goes: a file path, or - for stderr")
-        ->capture_default_str();
+    auto* console = command.add_option(
+        "--console", console_, "where the guest serial console goes: a file path, or - for stderr");
+    if (role_ == VmRole::boot)
+        console->capture_default_str();
+    else
+        console->description(console->get_description() + " (default: dropped)");
 }
 
 VmConfig VmOptions::resolve()
@@ -80,10 +89,11 @@ VmConfig VmOptions::resolve()
     config.mem_mib = mem_mib_;
     config.extra_cmdline = cmdline_;
     config.init_cmd = init_cmd_;
+    config.serve_agent_only = role_ == VmRole::agent;
     if (!vsock_uds_.empty())
         config.vsock_uds = vsock_uds_;
 
-    if (console_ != "-") {
+    if (!console_.empty() && console_ != "-") {
         const auto dir = std::filesystem::path(console_).parent_path();
         const std::string where = dir.empty() ? "." : dir.string();
         if (::access(where.c_str(), W_OK) != 0)
@@ -96,6 +106,8 @@ VmConfig VmOptions::resolve()
 
 int VmOptions::open_console()
 {
+    if (console_.empty())
+        return -1;
     if (console_ == "-")
         return STDERR_FILENO;
     struct stat st {};

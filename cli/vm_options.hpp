@@ -1,4 +1,4 @@
-// The flags every VM-starting command shares (boot today; run and episode next), and their
+// The flags every VM-starting command shares (boot, run, episode), and their
 // validation into a VmConfig. Each bad value is one clear line naming the flag.
 #pragma once
 
@@ -13,26 +13,34 @@
 
 namespace agentvm {
 
+// boot: the guest runs --init-cmd or a console shell, and the console goes to stderr.
+// agent: the guest only serves tool calls (run, episode), and the console is dropped unless
+// --console asks for it, so the command's own output stays clean.
+enum class VmRole { boot, agent };
+
 class VmOptions {
 public:
+    explicit VmOptions(VmRole role);
     void add_to(CLI::App& command);
 
     // Checks files, sizes and counts against this host. Throws Error. The console is left
     // unset: it is opened last, once nothing else can fail first.
     VmConfig resolve();
-    // Opens --console (a file, or stderr for "-") and returns the fd to write the console to.
+    // Opens --console (a file, or stderr for "-") and returns the fd to write the console to,
+    // or -1 when it is dropped.
     int open_console();
     // Removes the console file again if open_console() created it and the VM never ran.
     void discard_console();
 
 private:
+    VmRole role_;
     std::string kernel_;
     std::string rootfs_;
     uint32_t cpus_ = 1;
     uint64_t mem_mib_ = 512;
     std::string cmdline_;
     std::optional<std::string> init_cmd_;
-    std::string console_ = "-";
+    std::string console_;
     std::string vsock_uds_;
     Fd console_fd_;
     bool console_created_ = false;

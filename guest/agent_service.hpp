@@ -18,6 +18,8 @@ public:
     // keeps dying at once is given up on, with one line saying so, rather than respawned
     // in a tight loop.
     void on_reaped(pid_t pid, int wait_status);
+    // False once the agent is given up on (or could not start): nothing serves tool calls.
+    bool running() const { return pid_ > 0; }
 
 private:
     static constexpr size_t max_restarts = 5;

@@ -14,6 +14,8 @@
 namespace agentvm {
 
 inline constexpr std::string_view init_cmd_param = "agentvm.init_cmd";
+// Present (no value): run no command and no shell, only the agent, until the host ends the VM.
+inline constexpr std::string_view serve_param = "agentvm.serve";
 
 // The value of parameter `name` in a kernel command line as /proc/cmdline shows it, split
 // and unquoted the way the kernel's own parser (lib/cmdline.c next_arg) does: words end at

@@ -3,8 +3,8 @@
 // It sets up the few things every program expects (filesystems, lo, hostname,
 // environment), prints "agentvm-init: ready", starts the tool-call agent (and restarts it
 // whenever it dies), runs the command the VMM passed as
-// agentvm.init_cmd=<base64> through /bin/sh -c (or an interactive shell when there is
-// none), reports how it ended and powers the VM off. It never returns from main: PID 1
+// agentvm.init_cmd=<base64> through /bin/sh -c (or, under agentvm.serve, nothing but the
+// agent; else an interactive shell), reports how it ended and powers the VM off. It never returns from main: PID 1
 // exiting panics the kernel, so every way out, errors included, goes through power_off().
 #include <fcntl.h>
 #include <unistd.h>
@@ -90,6 +90,13 @@ void run()
     std::optional<std::string> cmdline = read_file("/proc/cmdline");
     if (!cmdline) {
         say_errno("read /proc/cmdline");
+        return;
+    }
+    if (find_cmdline_param(*cmdline, serve_param)) {
+        // The host ends the VM when it is done with it; the guest only ends it when nothing
+        // is left to serve tool calls, so the host learns of it at once.
+        reap_while([&agent] { return agent.running(); }, on_reaped);
+        say("the agent is gone; powering off");
         return;
     }
     std::optional<std::string> encoded = find_cmdline_param(*cmdline, init_cmd_param);

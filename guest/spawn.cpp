@@ -67,6 +67,20 @@ std::optional<int> run_on_console(const std::vector<std::string>& argv, const ch
     }
 }
 
+void reap_while(const std::function<bool()>& keep_going, const ReapedChild& on_reaped)
+{
+    while (keep_going()) {
+        int status = 0;
+        const pid_t pid = ::waitpid(-1, &status, 0);
+        if (pid > 0) {
+            on_reaped(pid, status);
+        } else if (errno != EINTR) {
+            say_errno("waitpid");
+            return;
+        }
+    }
+}
+
 pid_t start_daemon(const std::vector<std::string>& argv, const char* cwd)
 {
     std::vector<char*> c_argv = c_argv_of(argv);

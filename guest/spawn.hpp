@@ -21,6 +21,9 @@ using ReapedChild = std::function<void(pid_t pid, int wait_status)>;
 std::optional<int> run_on_console(const std::vector<std::string>& argv, const char* cwd,
                                   const ReapedChild& on_reaped);
 
+// Reaps children, telling on_reaped, for as long as keep_going() holds after each one.
+void reap_while(const std::function<bool()>& keep_going, const ReapedChild& on_reaped);
+
 // Starts argv in the background in a session of its own, stdin from /dev/null, output on the
 // console. Returns its pid, or -1 after saying why.
 pid_t start_daemon(const std::vector<std::string>& argv, const char* cwd);

@@ -146,6 +146,15 @@ void EventLoop::fsync(int fd, Completion done)
     submit_io(std::move(done), [&](io_uring_sqe* sqe) { io_uring_prep_fsync(sqe, fd, 0); });
 }
 
+void EventLoop::cancel_io(int fd)
+{
+    // The kernel matches requests by open file, not fd number: a watch on another fd of the
+    // same file (a terminal's stdin beside its stdout) is cancelled too, and ends quietly.
+    submit_io([](int32_t) {}, [&](io_uring_sqe* sqe) {
+        io_uring_prep_cancel_fd(sqe, fd, IORING_ASYNC_CANCEL_ALL);
+    });
+}
+
 void EventLoop::run()
 {
     try {
@@ -252,6 +261,10 @@ void EventLoop::on_poll(Op* poll, int32_t res)
     const auto it = watches_.find(fd);
     const std::shared_ptr<Watch> watch = it->second;
     watch->poll = nullptr;
+    if (res == -ECANCELED) {
+        watches_.erase(it);
+        return;
+    }
     if (res < 0 || (res & POLLNVAL)) {
         // Re-arming would fail the same way, in a busy loop.
         spdlog::warn("event loop: polling fd {} failed ({}); no longer watching it", fd,

@@ -37,6 +37,10 @@ public:
     void readv(int fd, const iovec* iov, unsigned count, uint64_t offset, Completion done);
     void writev(int fd, const iovec* iov, unsigned count, uint64_t offset, Completion done);
     void fsync(int fd, Completion done);
+    // Cancels every read and write in flight on fd; their completions run with -ECANCELED
+    // (or their result, if they finished first). For I/O on files the VM does not own, such
+    // as a write to a stdout nobody reads, which would otherwise keep drain() waiting.
+    void cancel_io(int fd);
 
     // Runs until stop(); rethrows the first exception a callback threw.
     void run();

@@ -15,6 +15,8 @@ std::string guest_cmdline(const VmConfig& config, const std::string& device_para
         line += " " + device_params;
     if (config.init_cmd)
         line += " agentvm.init_cmd=" + base64_encode(*config.init_cmd);
+    if (config.serve_agent_only)
+        line += " agentvm.serve";
     if (!config.extra_cmdline.empty())
         line += " " + config.extra_cmdline;
     return line;

@@ -171,6 +171,11 @@ void Vm::create_vcpus(const LoadedKernel& kernel)
     }
 }
 
+Fd Vm::connect_vsock(uint32_t port)
+{
+    return vsock_host_->connect_internal(port);
+}
+
 void Vm::console_input(std::span<const uint8_t> bytes)
 {
     serial_->push_input(bytes);
@@ -239,6 +244,8 @@ VmResult Vm::run()
     // In-flight disk I/O targets guest memory: let it finish before anything is torn down.
     // Host vsock streams are shut first, or their pending reads would keep the loop busy.
     vsock_host_->close_all();
+    for (auto& hook : stopping_hooks_)
+        hook();
     loop_.drain();
     std::lock_guard lock(result_mutex_);
     return result_.value_or(VmResult{VmOutcome::stopped, "stopped"});

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -34,6 +35,7 @@ enum class VmOutcome {
     panicked,     // the guest kernel panicked (detail: the panic line)
     failed,       // a vCPU or device failed (detail: why)
     stopped,      // stop() was called, e.g. on SIGINT/SIGTERM
+    finished,     // the host was done with the guest (agentvm run, episode): not an error
 };
 
 struct VmResult {
@@ -55,6 +57,11 @@ public:
     // Thread-safe: ends run() with `outcome` unless it has already ended.
     void stop(VmOutcome outcome, std::string detail);
 
+    // Runs on run()'s thread once the guest has stopped, before in-flight I/O is drained:
+    // owners of I/O the VM cannot finish by itself (a write to a stdout nobody reads) cancel
+    // it here.
+    void on_stopping(std::function<void()> hook) { stopping_hooks_.push_back(std::move(hook)); }
+
     // Before run(): tests add devices, the CLI adds its stdin/signal watches.
     Bus& pio_bus() { return pio_; }
     Bus& mmio_bus() { return mmio_; }
@@ -62,6 +69,9 @@ public:
     const GuestMemory& memory() const { return mem_; }
     Vcpu& vcpu(size_t index) { return *vcpus_.at(index); }
 
+    // A host connection to the guest's vsock port (see VsockHost::connect_internal). On the
+    // I/O loop's thread, or before run().
+    Fd connect_vsock(uint32_t port);
     // Bytes typed at the guest's serial console. Called on the I/O loop's thread.
     void console_input(std::span<const uint8_t> bytes);
     const std::string& cmdline() const { return cmdline_; }
@@ -92,6 +102,7 @@ private:
     std::string cmdline_;
     std::vector<std::unique_ptr<Vcpu>> vcpus_;
     std::vector<std::thread> threads_;
+    std::vector<std::function<void()>> stopping_hooks_;
 
     std::atomic<bool> stopping_{false};
     std::mutex result_mutex_;

@@ -14,6 +14,9 @@ struct VmConfig {
     uint64_t mem_mib = 512;
     std::string extra_cmdline;                // appended after agentvm's own parameters
     std::optional<std::string> init_cmd;      // run by the guest init via /bin/sh -c
+    // No init command and no console shell: the guest serves tool calls until the host
+    // ends the VM (agentvm run and episode).
+    bool serve_agent_only = false;
     int console_fd = -1;                      // serial output goes here (not owned); -1 drops it
     std::string overlay_dir;                  // where the disk's copy-on-write overlay lives
     std::optional<std::string> vsock_uds;     // host end of the guest's vsock (hybrid convention)

@@ -158,14 +158,33 @@ void VsockHost::read_connect_line(const StreamPtr& s)
             spdlog::warn("vsock: bad handshake '{}' at '{}'; closing it", text, *path_);
             return;
         }
-        s->id = {next_host_port_++, *port};
-        s->phase = Stream::Phase::connecting;
-        streams_[s->id] = s;
-        if (!device_->connect(s->id)) {
-            streams_.erase(s->id);
-            spdlog::debug("vsock: guest cannot take a connection to port {} now", *port);
-        }
+        start_connect(s, *port);
     });
+}
+
+Fd VsockHost::connect_internal(uint32_t port)
+{
+    int fds[2];
+    if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0, fds) != 0)
+        throw_errno("socketpair for an internal vsock connection");
+    Fd theirs(fds[1]);
+    auto s = std::make_shared<Stream>();
+    s->fd = Fd(fds[0]);
+    std::lock_guard lock(device_->mutex());
+    start_connect(s, port);
+    return theirs;
+}
+
+void VsockHost::start_connect(const StreamPtr& s, uint32_t port)
+{
+    s->id = {next_host_port_++, port};
+    s->phase = Stream::Phase::connecting;
+    streams_[s->id] = s;
+    if (!device_->connect(s->id)) {
+        // Dropping the stream closes our end: the client reads end-of-file, as for a refusal.
+        streams_.erase(s->id);
+        spdlog::debug("vsock: guest cannot take a connection to port {} now", port);
+    }
 }
 
 bool VsockHost::on_connect_request(VsockConnId id)

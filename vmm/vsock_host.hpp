@@ -35,6 +35,11 @@ public:
 
     // The device this backend serves; set once, before the guest runs.
     void attach(VirtioVsock& device) { device_ = &device; }
+    // A connection to guest port `port` for agentvm itself, without a Unix socket path: the
+    // returned socket behaves exactly like a hybrid client that has sent "CONNECT <port>\n":
+    // it reads "OK <n>\n" once the guest accepts, or end-of-file if it refuses. Call on the
+    // loop's thread (or before it runs).
+    Fd connect_internal(uint32_t port);
     // Shuts every host stream so that no I/O stays in flight: call before draining the loop.
     void close_all();
 
@@ -51,6 +56,7 @@ private:
 
     void accept_clients();
     void read_connect_line(const StreamPtr& s);
+    void start_connect(const StreamPtr& s, uint32_t port);  // device mutex held
     // Reads at most budget_now bytes (what the device can queue for the guest right now).
     void read_from_host(const StreamPtr& s, size_t budget_now);
     void write_to_host(const StreamPtr& s);

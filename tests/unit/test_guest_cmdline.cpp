@@ -79,3 +79,10 @@ TEST_CASE("words after -- belong to init, not the kernel")
     // Only a bare "--" ends them.
     CHECK(find_cmdline_param("--=1 agentvm.init_cmd=QQ==", init_cmd_param) == "QQ==");
 }
+
+TEST_CASE("agentvm.serve is a bare flag: present means serve the agent only")
+{
+    CHECK(find_cmdline_param("quiet agentvm.serve root=/dev/vda", agentvm::serve_param) == "");
+    CHECK_FALSE(find_cmdline_param("quiet agentvm.serves", agentvm::serve_param));
+    CHECK_FALSE(find_cmdline_param("quiet -- agentvm.serve", agentvm::serve_param));
+}

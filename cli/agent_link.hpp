@@ -1,0 +1,48 @@
+// Connects to the tool-call agent inside the guest (vsock port 52) once it listens. While the
+// guest boots the connection is refused (no driver yet, or no listener: RST), so it is
+// retried every few milliseconds until the agent answers or the boot deadline passes.
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <string>
+
+#include "vmm/fd.hpp"
+#include "vmm/loop_timer.hpp"
+#include "vmm/vm.hpp"
+
+namespace agentvm {
+
+inline constexpr uint32_t agent_vsock_port = 52;
+
+class AgentLink {
+public:
+    using Connected = std::function<void(Fd socket)>;
+    using Failed = std::function<void(const std::string& why)>;
+
+    AgentLink(Vm& vm, std::chrono::milliseconds deadline, Connected on_connected, Failed on_failed);
+    AgentLink(const AgentLink&) = delete;
+    AgentLink& operator=(const AgentLink&) = delete;
+
+    // Starts trying; call on the loop's thread or before the VM runs.
+    void start();
+    // Stops trying (the VM is going away). Safe to call at any time.
+    void cancel();
+
+private:
+    void attempt();
+    void read_handshake();
+
+    Vm& vm_;
+    std::chrono::milliseconds deadline_;
+    Connected on_connected_;
+    Failed on_failed_;
+    LoopTimer retry_;
+    LoopTimer give_up_;
+    Fd socket_;
+    std::string handshake_;
+    unsigned attempts_ = 0;
+    bool done_ = false;
+};
+
+} // namespace agentvm

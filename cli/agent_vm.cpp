@@ -1,0 +1,51 @@
+#include "cli/agent_vm.hpp"
+
+#include <spdlog/spdlog.h>
+
+#include "vmm/error.hpp"
+#include "vmm/host_check.hpp"
+
+namespace agentvm {
+namespace {
+
+// The user's own mistakes are named first, then the host's.
+VmConfig checked_config(VmOptions& options)
+{
+    VmConfig config = options.resolve();
+    const HostKvm host = detect_host_kvm();
+    if (host != HostKvm::hardware)
+        throw Error(host_kvm_problem(host));
+    return config;
+}
+
+} // namespace
+
+AgentVm::AgentVm(VmOptions& options, std::chrono::milliseconds boot_timeout)
+    : boot_timeout_(boot_timeout)
+{
+    VmConfig config = checked_config(options);
+    kvm_.emplace();
+    // The console file is created only once nothing else can fail before the VM exists.
+    config.console_fd = options.open_console();
+    try {
+        vm_.emplace(*kvm_, config);
+    } catch (...) {
+        options.discard_console();
+        throw;
+    }
+    spdlog::debug("kernel command line: {}", vm_->cmdline());
+}
+
+VmResult AgentVm::run(std::function<void(Fd agent)> on_connected, std::function<void()> on_stopping)
+{
+    signals_.watch(*vm_);
+    link_.emplace(*vm_, boot_timeout_, std::move(on_connected), [this](const std::string& why) { fail(why); });
+    vm_->on_stopping([this, on_stopping = std::move(on_stopping)] {
+        link_->cancel();
+        on_stopping();
+    });
+    link_->start();
+    return vm_->run();
+}
+
+} // namespace agentvm

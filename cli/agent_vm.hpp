@@ -1,0 +1,46 @@
+// What `agentvm run` and `agentvm episode` share: a VM whose guest does nothing but serve
+// tool calls, the connection to its agent, and the stop paths (signals, boot deadline).
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <optional>
+#include <string>
+
+#include "cli/agent_link.hpp"
+#include "cli/stop_signals.hpp"
+#include "cli/vm_options.hpp"
+#include "vmm/kvm.hpp"
+#include "vmm/vm.hpp"
+
+namespace agentvm {
+
+class AgentVm {
+public:
+    // Checks the options and the host, then builds the VM. Throws Error naming the problem;
+    // nothing has run and nothing is left behind then.
+    AgentVm(VmOptions& options, std::chrono::milliseconds boot_timeout);
+    AgentVm(const AgentVm&) = delete;
+    AgentVm& operator=(const AgentVm&) = delete;
+
+    Vm& vm() { return *vm_; }
+
+    // Runs the VM until it stops. on_connected gets the agent's socket once it answers (on
+    // the loop's thread); on_stopping runs when the loop is about to stop (Vm::on_stopping).
+    // A guest whose agent never answers within the boot timeout is stopped as failed.
+    VmResult run(std::function<void(Fd agent)> on_connected, std::function<void()> on_stopping);
+    // The command is done with the VM: thread-safe, ends run() with VmOutcome::finished.
+    void finish(const std::string& why) { vm_->stop(VmOutcome::finished, why); }
+    // Ends run() with VmOutcome::failed.
+    void fail(const std::string& why) { vm_->stop(VmOutcome::failed, why); }
+    int stop_signal() const { return signals_.received(); }
+
+private:
+    std::optional<Kvm> kvm_;
+    StopSignals signals_;
+    std::optional<Vm> vm_;
+    std::optional<AgentLink> link_;
+    std::chrono::milliseconds boot_timeout_;
+};
+
+} // namespace agentvm

@@ -1,0 +1,106 @@
+#include "cli/episode_command.hpp"
+
+#include <unistd.h>
+
+#include <memory>
+#include <optional>
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include "cli/agent_vm.hpp"
+#include "cli/episode_relay.hpp"
+#include "cli/exit_codes.hpp"
+#include "cli/vm_options.hpp"
+
+namespace agentvm {
+namespace {
+
+struct EpisodeOptions {
+    VmOptions vm{VmRole::agent};
+    double boot_timeout_s = 60;
+};
+
+// The error every unanswered call gets, from how the VM and the relay ended.
+struct Failure {
+    std::string code;
+    std::string message;
+};
+
+std::optional<Failure> failure_of(const VmResult& result, std::optional<EpisodeRelay::End> relay_end,
+                                  const std::string& relay_why)
+{
+    using End = EpisodeRelay::End;
+    switch (result.outcome) {
+    case VmOutcome::finished:
+        return std::nullopt;
+    case VmOutcome::panicked:
+        return Failure{"vm_died", "the guest kernel panicked: " + result.detail};
+    case VmOutcome::powered_off:
+        return Failure{"vm_died", "the guest powered off: " + result.detail};
+    case VmOutcome::stopped:
+        return Failure{"stopped", "agentvm was stopped: " + result.detail};
+    case VmOutcome::failed:
+        break;
+    }
+    if (!relay_end)
+        return Failure{"vm_died", "the VM failed: " + result.detail};
+    switch (*relay_end) {
+    case End::agent_lost:
+    case End::agent_protocol:
+        return Failure{"agent_died", relay_why};
+    case End::watchdog:
+        return Failure{"watchdog", relay_why};
+    case End::output_failed:
+    case End::finished:
+        break;
+    }
+    return Failure{"vm_died", relay_why};
+}
+
+int run_episode(EpisodeOptions& options)
+{
+    AgentVm agent_vm(options.vm, std::chrono::milliseconds(static_cast<int64_t>(options.boot_timeout_s * 1000)));
+    std::optional<EpisodeRelay::End> relay_end;
+    std::string relay_why;
+    EpisodeRelay relay(agent_vm.vm().event_loop(), STDIN_FILENO, STDOUT_FILENO,
+                       [&](EpisodeRelay::End how, const std::string& why) {
+                           relay_end = how;
+                           relay_why = why;
+                           if (how == EpisodeRelay::End::finished)
+                               agent_vm.finish("the episode ended");
+                           else
+                               agent_vm.fail(why);
+                       });
+    const VmResult result = agent_vm.run([&](Fd agent) { relay.start(std::move(agent)); },
+                                         [&] { relay.stop_output(); });
+
+    const std::optional<Failure> failure = failure_of(result, relay_end, relay_why);
+    if (failure) {
+        const size_t unanswered = relay.fail_pending(failure->code, failure->message);
+        spdlog::error("{}{}", failure->message,
+                      unanswered ? fmt::format(" ({} call(s) answered with error '{}')", unanswered, failure->code)
+                                 : "");
+    }
+    relay.flush_output();
+    if (relay_end == EpisodeRelay::End::output_failed)
+        return exit_code::error;
+    return exit_code::from(result, agent_vm.stop_signal());
+}
+
+} // namespace
+
+Subcommand add_episode_command(CLI::App& app)
+{
+    auto* episode = app.add_subcommand(
+        "episode", "Boot a VM and serve tool calls as JSON lines on stdin/stdout until stdin ends");
+    auto options = std::make_shared<EpisodeOptions>();
+    options->vm.add_to(*episode);
+    episode->add_option("--boot-timeout", options->boot_timeout_s,
+                        "seconds the guest agent gets to answer after the VM starts")
+        ->capture_default_str()
+        ->check(CLI::PositiveNumber);
+    return {episode, [options] { return run_episode(*options); }};
+}
+
+} // namespace agentvm

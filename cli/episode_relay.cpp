@@ -1,0 +1,234 @@
+#include "cli/episode_relay.hpp"
+
+#include <sys/socket.h>
+
+#include <cstring>
+#include <variant>
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include "cli/response_summary.hpp"
+#include "guest/agent/protocol.hpp"
+
+namespace agentvm {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Backpressure: stop reading the side that produces while the other side lags this much.
+constexpr size_t max_queued_to_agent = size_t{16} << 20;
+constexpr size_t max_queued_to_output = size_t{64} << 20;
+
+bool is_blank(const std::string& line)
+{
+    return line.find_first_not_of(" \t\r") == std::string::npos;
+}
+
+struct CallLimits {
+    std::optional<double> timeout_s;
+    uint64_t max_output = 0;
+};
+
+std::optional<CallLimits> limits_of(const Request& request)
+{
+    if (const auto* exec = std::get_if<ExecRequest>(&request.op))
+        return CallLimits{exec->timeout_s, exec->max_output};
+    if (const auto* shell = std::get_if<ShellRequest>(&request.op))
+        return CallLimits{shell->timeout_s, shell->max_output};
+    return std::nullopt;
+}
+
+} // namespace
+
+EpisodeRelay::EpisodeRelay(EventLoop& loop, int in_fd, int out_fd, Ended on_end)
+    : loop_(loop), on_end_(std::move(on_end)),
+      input_(loop, in_fd, max_line_bytes,
+             {[this](std::string&& line) { on_request(std::move(line)); },
+              [this] {
+                  reply_error("null", "line_too_long",
+                              fmt::format("request lines are limited to {} bytes", max_line_bytes));
+              },
+              [this](int err) { on_input_end(err); }}),
+      out_(loop, out_fd,
+           [this](int err) { end(End::output_failed, fmt::format("writing to stdout: {}", std::strerror(err))); }),
+      watchdog_(loop, [this] { on_watchdog(); })
+{
+}
+
+void EpisodeRelay::start(Fd agent)
+{
+    agent_ = std::move(agent);
+    const int fd = agent_.get();
+    agent_out_.emplace(loop_, fd, [this](int err) {
+        end(End::agent_lost, fmt::format("the connection to the guest agent failed: {}", std::strerror(err)));
+    });
+    agent_in_.emplace(loop_, fd, max_response_line,
+                      LineReader::Handlers{
+                          [this](std::string&& line) { on_response(std::move(line)); },
+                          [this] { end(End::agent_protocol, "the guest agent sent an over-long line"); },
+                          [this](int err) { on_agent_end(err); }});
+    agent_in_->start();
+    input_.start();
+}
+
+void EpisodeRelay::on_request(std::string&& line)
+{
+    if (ended_ || input_done_ || is_blank(line))
+        return;
+    Request request;
+    try {
+        request = parse_request(line);
+    } catch (const RequestError& e) {
+        reply_error(e.id.dump(), e.error.code(), e.error.what());
+        return;
+    }
+    std::string id = request.id.dump();
+    if (pending_.contains(id)) {
+        reply_error(id, "bad_field",
+                    fmt::format("\"id\" {} is already used by a call that has not answered yet", id));
+        return;
+    }
+    Pending pending{id, std::nullopt};
+    if (const auto limits = limits_of(request)) {
+        if (limits->max_output > max_output_limit) {
+            reply_error(id, "bad_field",
+                        fmt::format("\"max_output\" is limited to {} bytes in an episode", max_output_limit));
+            return;
+        }
+        if (limits->timeout_s)
+            pending.deadline = Clock::now()
+                + std::chrono::duration_cast<Clock::duration>(
+                                   std::chrono::duration<double>(*limits->timeout_s))
+                + watchdog_grace;
+    }
+    const bool is_close = std::holds_alternative<CloseRequest>(request.op);
+    pending_.emplace(std::move(id), std::move(pending));
+    arm_watchdog();
+
+    line.push_back('\n');
+    agent_out_->write(std::move(line));
+    if (agent_out_->queued_bytes() > max_queued_to_agent) {
+        input_.pause();
+        agent_out_->when_flushed([this] {
+            if (!input_done_)
+                input_.resume();
+        });
+    }
+    if (is_close) {
+        // The agent ignores what follows a close; so do we, and stop reading.
+        input_done_ = true;
+        input_.pause();
+    }
+}
+
+void EpisodeRelay::on_input_end(int err)
+{
+    if (err != 0)
+        spdlog::warn("reading stdin: {}; no more requests", std::strerror(err));
+    if (input_done_ || ended_)
+        return;
+    input_done_ = true;
+    // Half-close toward the agent once every request is out: it answers what is running,
+    // then closes the connection, which ends the episode.
+    agent_out_->when_flushed([this] {
+        if (agent_)
+            ::shutdown(agent_.get(), SHUT_WR);
+    });
+}
+
+void EpisodeRelay::on_response(std::string&& line)
+{
+    if (ended_)
+        return;
+    const auto summary = summarize_response(line);
+    if (!summary) {
+        end(End::agent_protocol, "the guest agent sent a line that is not a JSON object");
+        return;
+    }
+    if (!summary->is_event && summary->id && pending_.erase(*summary->id))
+        arm_watchdog();
+    line.push_back('\n');
+    emit(std::move(line));
+}
+
+void EpisodeRelay::on_agent_end(int err)
+{
+    if (ended_)
+        return;
+    if (err == 0 && pending_.empty() && input_done_) {
+        end(End::finished, "");
+        return;
+    }
+    end(End::agent_lost,
+        err != 0 ? fmt::format("reading from the guest agent failed: {}", std::strerror(err))
+                 : fmt::format("the guest agent closed the connection with {} call(s) unanswered",
+                               pending_.size()));
+}
+
+void EpisodeRelay::reply_error(const std::string& id_json, const std::string& code,
+                               const std::string& message)
+{
+    emit(to_line(error_response(Json::parse(id_json), code, message)));
+}
+
+void EpisodeRelay::emit(std::string line)
+{
+    out_.write(std::move(line));
+    if (!ended_ && agent_in_ && out_.queued_bytes() > max_queued_to_output) {
+        // The harness is not keeping up: let the agent's output wait in the guest instead.
+        agent_in_->pause();
+        out_.when_flushed([this] {
+            if (!ended_)
+                agent_in_->resume();
+        });
+    }
+}
+
+void EpisodeRelay::arm_watchdog()
+{
+    std::optional<Clock::time_point> earliest;
+    for (const auto& [id, call] : pending_)
+        if (call.deadline && (!earliest || *call.deadline < *earliest))
+            earliest = call.deadline;
+    if (earliest)
+        watchdog_.arm(*earliest - Clock::now());
+    else
+        watchdog_.cancel();
+}
+
+void EpisodeRelay::on_watchdog()
+{
+    const auto now = Clock::now();
+    for (const auto& [id, call] : pending_) {
+        if (call.deadline && *call.deadline <= now) {
+            end(End::watchdog,
+                fmt::format("call {} did not answer within {} s after its timeout: the guest is not "
+                            "responding", id, watchdog_grace.count()));
+            return;
+        }
+    }
+    arm_watchdog();
+}
+
+void EpisodeRelay::end(End how, const std::string& why)
+{
+    if (ended_)
+        return;
+    ended_ = true;
+    input_.pause();
+    watchdog_.cancel();
+    on_end_(how, why);
+}
+
+size_t EpisodeRelay::fail_pending(const std::string& code, const std::string& message)
+{
+    ended_ = true;
+    const size_t count = pending_.size();
+    for (const auto& [id, call] : pending_)
+        emit(to_line(error_response(Json::parse(call.id_json), code, message)));
+    pending_.clear();
+    return count;
+}
+
+} // namespace agentvm

@@ -1,0 +1,86 @@
+// The host half of `agentvm episode`: JSON lines from the harness (stdin) go to the guest
+// agent, the agent's lines come back to the harness (stdout), unchanged. The relay checks
+// each request with the agent's own parser first, so a malformed line is answered here and
+// the relay always knows which calls are still waiting for their final response: if the
+// agent, the guest or the VM goes away, each of them gets an error instead of silence.
+//
+// Runs on the VM's event loop thread.
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+
+#include "cli/async_writer.hpp"
+#include "cli/line_reader.hpp"
+#include "vmm/fd.hpp"
+#include "vmm/loop_timer.hpp"
+
+namespace agentvm {
+
+class EpisodeRelay {
+public:
+    enum class End {
+        finished,        // input ended (or a close call) and every call was answered
+        agent_lost,      // the agent's connection ended with calls pending
+        watchdog,        // a call outlived its own timeout by the grace period
+        agent_protocol,  // the agent sent something that is not a protocol line
+        output_failed,   // stdout went away
+    };
+    using Ended = std::function<void(End, const std::string& why)>;
+
+    // How long past a call's own timeout the agent gets to answer before the VM is deemed
+    // wedged: the agent kills at the timeout and answers within half a second after.
+    static constexpr std::chrono::seconds watchdog_grace{10};
+    // One stream's max_output in an episode, which bounds every response line.
+    static constexpr uint64_t max_output_limit = uint64_t{64} << 20;
+    // Six bytes per output byte at worst (a control byte escaped as \u00XX), two streams,
+    // and room for the other fields: no honest response line is longer.
+    static constexpr size_t max_response_line = 12 * max_output_limit + (size_t{1} << 20);
+
+    EpisodeRelay(EventLoop& loop, int in_fd, int out_fd, Ended on_end);
+    EpisodeRelay(const EpisodeRelay&) = delete;
+    EpisodeRelay& operator=(const EpisodeRelay&) = delete;
+
+    // The agent is reachable: start reading requests.
+    void start(Fd agent);
+    // After stop_output(): an error response for every call still waiting, queued for
+    // flush_output(). Returns how many there were.
+    size_t fail_pending(const std::string& code, const std::string& message);
+    // The loop is about to stop: stdout writes only queue from now on (see AsyncWriter).
+    void stop_output() { out_.stop(); }
+    // After the loop has stopped: writes everything still queued.
+    void flush_output() { out_.flush_blocking(); }
+
+private:
+    struct Pending {
+        std::string id_json;  // the id as the request spelled it, for error responses
+        std::optional<std::chrono::steady_clock::time_point> deadline;
+    };
+
+    void on_request(std::string&& line);
+    void on_response(std::string&& line);
+    void on_input_end(int err);
+    void on_agent_end(int err);
+    void reply_error(const std::string& id_json, const std::string& code, const std::string& message);
+    void emit(std::string line);
+    void arm_watchdog();
+    void on_watchdog();
+    void end(End how, const std::string& why);
+
+    EventLoop& loop_;
+    Ended on_end_;
+    Fd agent_;
+    LineReader input_;
+    AsyncWriter out_;
+    std::optional<LineReader> agent_in_;
+    std::optional<AsyncWriter> agent_out_;
+    LoopTimer watchdog_;
+    std::map<std::string, Pending> pending_;  // by id as compact JSON
+    bool input_done_ = false;  // stdin ended, or a close call was sent
+    bool ended_ = false;
+};
+
+} // namespace agentvm

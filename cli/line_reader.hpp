@@ -1,0 +1,46 @@
+// Reads JSON lines from an fd on the event loop (the harness's stdin, the agent's socket):
+// bytes are read as the fd polls readable and split by LineFramer, so a line longer than
+// the cap costs no memory. The fd is read with plain read(2) after poll, never blocking.
+#pragma once
+
+#include <cstddef>
+#include <functional>
+#include <string>
+
+#include "guest/agent/line_framer.hpp"
+#include "vmm/event_loop.hpp"
+
+namespace agentvm {
+
+class LineReader {
+public:
+    struct Handlers {
+        std::function<void(std::string&& line)> on_line;  // without its '\n'
+        std::function<void()> on_too_long;                // once per over-long line
+        std::function<void(int err)> on_end;              // 0 at end-of-file, else errno
+    };
+
+    LineReader(EventLoop& loop, int fd, size_t max_line, Handlers handlers);
+    ~LineReader();
+    LineReader(const LineReader&) = delete;
+    LineReader& operator=(const LineReader&) = delete;
+
+    void start();
+    // Backpressure: stop reading until resume() (lines already read are still delivered).
+    void pause();
+    void resume();
+    bool ended() const { return ended_; }
+
+private:
+    void on_readable();
+
+    EventLoop& loop_;
+    int fd_;
+    Handlers handlers_;
+    LineFramer framer_;
+    bool watching_ = false;
+    bool paused_ = false;
+    bool ended_ = false;
+};
+
+} // namespace agentvm

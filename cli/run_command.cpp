@@ -1,0 +1,296 @@
+#include "cli/run_command.hpp"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include "cli/agent_vm.hpp"
+#include "cli/async_writer.hpp"
+#include "cli/episode_relay.hpp"
+#include "cli/exit_codes.hpp"
+#include "cli/line_reader.hpp"
+#include "cli/vm_options.hpp"
+#include "guest/agent/protocol.hpp"
+#include "vmm/error.hpp"
+#include "vmm/loop_timer.hpp"
+
+namespace agentvm {
+namespace {
+
+// Host stdin travels inside the one request line, base64-encoded, under the agent's 64 MiB
+// line limit.
+constexpr size_t max_stdin_bytes = size_t{32} << 20;
+
+struct RunOptions {
+    VmOptions vm{VmRole::agent};
+    double boot_timeout_s = 60;
+    std::optional<double> timeout_s;
+    std::vector<std::string> env;
+    std::string workdir;
+    uint64_t max_output = default_max_output;
+    bool forward_stdin = false;
+    std::string shell;
+    std::vector<std::string> argv;
+};
+
+std::string read_all_stdin()
+{
+    std::string bytes;
+    char buffer[65536];
+    for (;;) {
+        const ssize_t n = ::read(STDIN_FILENO, buffer, sizeof buffer);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0)
+            throw_errno("reading stdin (--stdin)");
+        if (n == 0)
+            return bytes;
+        bytes.append(buffer, static_cast<size_t>(n));
+        if (bytes.size() > max_stdin_bytes)
+            throw Error(fmt::format("stdin (--stdin) is larger than {} MiB; copy big inputs in with "
+                                    "agentvm episode's write_file instead", max_stdin_bytes >> 20));
+    }
+}
+
+// The one exec request, built and checked before any VM exists.
+std::string exec_request(const RunOptions& options)
+{
+    Json request{{"id", 1}, {"op", "exec"}, {"stream", true}, {"max_output", options.max_output}};
+    request["argv"] = options.shell.empty() ? options.argv : std::vector<std::string>{"bash", "-c", options.shell};
+    if (!options.env.empty()) {
+        Json env = Json::object();
+        for (const std::string& pair : options.env) {
+            const size_t eq = pair.find('=');
+            if (eq == 0 || eq == std::string::npos)
+                throw Error(fmt::format("--env '{}' is not NAME=VALUE", pair));
+            env[pair.substr(0, eq)] = pair.substr(eq + 1);
+        }
+        request["env"] = env;
+    }
+    if (!options.workdir.empty())
+        request["cwd"] = options.workdir;
+    if (options.timeout_s)
+        request["timeout"] = *options.timeout_s;
+    if (options.forward_stdin)
+        put_bytes(request, "stdin", read_all_stdin());
+    std::string line = to_line(request);
+    // The agent would say the same, but only after a boot: say it now.
+    try {
+        parse_request(line.substr(0, line.size() - 1));
+    } catch (const RequestError& e) {
+        throw Error(e.error.what());
+    }
+    return line;
+}
+
+// How the command ended, from its final response.
+struct CommandEnd {
+    int exit_code = exit_code::run_failure;
+    bool timed_out = false;
+    std::string message;  // for stderr, when there is something to say
+};
+
+CommandEnd command_end_of(const Json& response, const RunOptions& options)
+{
+    CommandEnd end;
+    if (const auto error = response.find("error"); error != response.end()) {
+        const std::string code = error->value("code", "");
+        end.exit_code = code == "not_found" ? exit_code::run_not_found
+            : code == "spawn_failed"        ? exit_code::run_cannot_execute
+                                            : exit_code::run_failure;
+        end.message = error->value("message", "the guest agent reported an error");
+        return end;
+    }
+    std::vector<std::string> notes;
+    for (const char* stream : {"stdout", "stderr"})
+        if (response.value(std::string(stream) + "_truncated", false))
+            notes.push_back(fmt::format("{} was cut at {} bytes (--max-output)", stream, options.max_output));
+    if (response.value("timed_out", false)) {
+        end.timed_out = true;
+        end.exit_code = exit_code::run_timed_out;
+        notes.push_back(fmt::format("the command timed out after {} s and was killed with its process group",
+                                    *options.timeout_s));
+    } else if (const auto signal = response.find("signal"); signal != response.end() && signal->is_number()) {
+        end.exit_code = exit_code::signal_base + signal->get<int>();
+        notes.push_back(response.value("oom_killed", false)
+                            ? "the command was killed by the guest's OOM killer (--mem)"
+                            : fmt::format("the command was killed by signal {}", signal->get<int>()));
+    } else {
+        end.exit_code = response.value("exit_code", exit_code::run_failure);
+    }
+    end.message = fmt::format("{}", fmt::join(notes, "; "));
+    return end;
+}
+
+// Runs the request on the agent and streams its output, on the VM's loop.
+class CommandSession {
+public:
+    CommandSession(AgentVm& agent_vm, const RunOptions& options, std::string request)
+        : agent_vm_(agent_vm), options_(options), request_(std::move(request)),
+          loop_(agent_vm.vm().event_loop()),
+          stdout_(loop_, STDOUT_FILENO, [this](int err) { output_failed("stdout", err); }),
+          stderr_(loop_, STDERR_FILENO, [this](int err) { output_failed("stderr", err); }),
+          watchdog_(loop_, [this] {
+              fail(fmt::format("the guest did not answer within {} s after the command's timeout",
+                               EpisodeRelay::watchdog_grace.count()));
+          })
+    {
+    }
+
+    void start(Fd agent)
+    {
+        agent_ = std::move(agent);
+        agent_out_.emplace(loop_, agent_.get(), [this](int err) {
+            fail(fmt::format("the connection to the guest agent failed: {}", std::strerror(err)));
+        });
+        agent_in_.emplace(loop_, agent_.get(), EpisodeRelay::max_response_line,
+                          LineReader::Handlers{[this](std::string&& line) { on_line(line); },
+                                               [this] { fail("the guest agent sent an over-long line"); },
+                                               [this](int) {
+                                                   if (!end_)
+                                                       fail("the guest agent closed the connection "
+                                                            "before the command finished");
+                                               }});
+        agent_in_->start();
+        agent_out_->write(std::move(request_));
+        if (options_.timeout_s)
+            watchdog_.arm(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                              std::chrono::duration<double>(*options_.timeout_s))
+                          + EpisodeRelay::watchdog_grace);
+    }
+
+    void stop_output()
+    {
+        stdout_.stop();
+        stderr_.stop();
+    }
+    void flush_output()
+    {
+        stdout_.flush_blocking();
+        stderr_.flush_blocking();
+    }
+    const std::optional<CommandEnd>& end() const { return end_; }
+    const std::string& failure() const { return failure_; }
+
+private:
+    void on_line(const std::string& line)
+    {
+        if (end_ || !failure_.empty())
+            return;
+        Json message;
+        try {
+            message = Json::parse(line);
+            const auto event = message.find("event");
+            if (event == message.end()) {
+                end_ = command_end_of(message, options_);
+                agent_vm_.finish("the command finished");
+                return;
+            }
+            const std::optional<std::string> bytes = get_bytes(message, "data");
+            if (*event == "stdout" && bytes)
+                stdout_.write(*bytes);
+            else if (*event == "stderr" && bytes)
+                stderr_.write(*bytes);
+        } catch (const std::exception& e) {
+            fail(fmt::format("the guest agent sent a malformed line: {}", e.what()));
+        }
+    }
+
+    void output_failed(const char* stream, int err)
+    {
+        // Nobody reads our output any more (a closed pipe): the command's results have
+        // nowhere to go.
+        fail(fmt::format("writing to {}: {}", stream, std::strerror(err)));
+    }
+
+    void fail(const std::string& why)
+    {
+        if (end_ || !failure_.empty())
+            return;
+        failure_ = why;
+        agent_vm_.fail(why);
+    }
+
+    AgentVm& agent_vm_;
+    const RunOptions& options_;
+    std::string request_;
+    EventLoop& loop_;
+    AsyncWriter stdout_;
+    AsyncWriter stderr_;
+    LoopTimer watchdog_;
+    Fd agent_;
+    std::optional<AsyncWriter> agent_out_;
+    std::optional<LineReader> agent_in_;
+    std::optional<CommandEnd> end_;
+    std::string failure_;
+};
+
+int run_run(RunOptions& options)
+{
+    if (options.shell.empty() == options.argv.empty())
+        throw Error("give the command after -- (agentvm run -- CMD ARGS...) or with --shell 'STRING', "
+                    "not both");
+    if (options.max_output > EpisodeRelay::max_output_limit)
+        throw Error(fmt::format("--max-output {} is over the limit of {} bytes", options.max_output,
+                                EpisodeRelay::max_output_limit));
+    std::string request = exec_request(options);
+    AgentVm agent_vm(options.vm, std::chrono::milliseconds(static_cast<int64_t>(options.boot_timeout_s * 1000)));
+    CommandSession session(agent_vm, options, std::move(request));
+    const VmResult result = agent_vm.run([&](Fd agent) { session.start(std::move(agent)); },
+                                         [&] { session.stop_output(); });
+    session.flush_output();
+
+    if (result.outcome == VmOutcome::stopped)
+        return exit_code::signal_base + agent_vm.stop_signal();
+    if (result.outcome == VmOutcome::finished && session.end()) {
+        const CommandEnd& end = *session.end();
+        if (!end.message.empty()) {
+            if (end.exit_code >= exit_code::run_timed_out && end.exit_code <= exit_code::run_not_found)
+                spdlog::error("{}", end.message);
+            else
+                spdlog::warn("{}", end.message);
+        }
+        return end.exit_code;
+    }
+    if (result.outcome == VmOutcome::panicked)
+        spdlog::error("the guest kernel panicked: {}", result.detail);
+    else if (result.outcome == VmOutcome::powered_off)
+        spdlog::error("the guest powered off before the command finished: {}", result.detail);
+    else
+        spdlog::error("{}", session.failure().empty() ? result.detail : session.failure());
+    return exit_code::run_failure;
+}
+
+} // namespace
+
+Subcommand add_run_command(CLI::App& app)
+{
+    auto* run = app.add_subcommand("run", "Boot a fresh VM, run one command in it, and exit with its status");
+    auto options = std::make_shared<RunOptions>();
+    options->vm.add_to(*run);
+    run->add_option("--boot-timeout", options->boot_timeout_s,
+                    "seconds the guest agent gets to answer after the VM starts")
+        ->capture_default_str()
+        ->check(CLI::PositiveNumber);
+    run->add_option("--timeout", options->timeout_s,
+                    "seconds the command may run; then its whole process group is killed (exit 124)")
+        ->check(CLI::PositiveNumber);
+    run->add_option("--env", options->env, "NAME=VALUE added to the command's environment (repeatable)");
+    run->add_option("--workdir", options->workdir, "directory in the guest to run the command in");
+    run->add_option("--max-output", options->max_output,
+                    "bytes of stdout and of stderr passed on; the rest is dropped, with a warning")
+        ->capture_default_str();
+    run->add_flag("-i,--stdin", options->forward_stdin, "pass this process's stdin to the command");
+    run->add_option("--shell", options->shell, "run STRING with bash -c instead of a command after --");
+    run->add_option("command", options->argv, "the command and its arguments, after --");
+    return {run, [options] { return run_run(*options); }, exit_code::run_failure};
+}
+
+} // namespace agentvm
