@@ -8,6 +8,9 @@
 namespace agentvm {
 namespace {
 
+// Long enough for a guest kernel's reboot or power-off path to finish, even emulated.
+constexpr auto vm_end_grace = std::chrono::seconds(2);
+
 // The user's own mistakes are named first, then the host's.
 VmConfig checked_config(VmOptions& options)
 {
@@ -46,6 +49,14 @@ VmResult AgentVm::run(std::function<void(Fd agent)> on_connected, std::function<
     });
     link_->start();
     return vm_->run();
+}
+
+void AgentVm::fail_unless_vm_ends(const std::string& why)
+{
+    if (grace_)
+        return;
+    grace_.emplace(vm_->event_loop(), [this, why] { fail(why); });
+    grace_->arm(vm_end_grace);
 }
 
 } // namespace agentvm

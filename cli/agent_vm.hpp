@@ -33,6 +33,10 @@ public:
     void finish(const std::string& why) { vm_->stop(VmOutcome::finished, why); }
     // Ends run() with VmOutcome::failed.
     void fail(const std::string& why) { vm_->stop(VmOutcome::failed, why); }
+    // The agent's connection broke: fail(why), but only after a moment in which the VM may
+    // end by itself, since a guest that powers off or reboots drops its connections first;
+    // that way the reported cause is the real one. On the loop's thread.
+    void fail_unless_vm_ends(const std::string& why);
     int stop_signal() const { return signals_.received(); }
 
 private:
@@ -40,6 +44,7 @@ private:
     StopSignals signals_;
     std::optional<Vm> vm_;
     std::optional<AgentLink> link_;
+    std::optional<LoopTimer> grace_;
     std::chrono::milliseconds boot_timeout_;
 };
 

@@ -69,6 +69,8 @@ int run_episode(EpisodeOptions& options)
                            relay_why = why;
                            if (how == EpisodeRelay::End::finished)
                                agent_vm.finish("the episode ended");
+                           else if (how == EpisodeRelay::End::agent_lost)
+                               agent_vm.fail_unless_vm_ends(why);
                            else
                                agent_vm.fail(why);
                        });
@@ -85,6 +87,9 @@ int run_episode(EpisodeOptions& options)
     relay.flush_output();
     if (relay_end == EpisodeRelay::End::output_failed)
         return exit_code::error;
+    // Only the harness ends an episode: a guest that powers off by itself has failed it.
+    if (result.outcome == VmOutcome::powered_off)
+        return exit_code::vm_failure;
     return exit_code::from(result, agent_vm.stop_signal());
 }
 

@@ -2,7 +2,9 @@
 
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <cstring>
+#include <vector>
 #include <variant>
 
 #include <fmt/format.h>
@@ -41,7 +43,8 @@ std::optional<CallLimits> limits_of(const Request& request)
 
 } // namespace
 
-EpisodeRelay::EpisodeRelay(EventLoop& loop, int in_fd, int out_fd, Ended on_end)
+EpisodeRelay::EpisodeRelay(EventLoop& loop, int in_fd, int out_fd, Ended on_end,
+                           std::chrono::milliseconds grace)
     : loop_(loop), on_end_(std::move(on_end)),
       input_(loop, in_fd, max_line_bytes,
              {[this](std::string&& line) { on_request(std::move(line)); },
@@ -52,7 +55,7 @@ EpisodeRelay::EpisodeRelay(EventLoop& loop, int in_fd, int out_fd, Ended on_end)
               [this](int err) { on_input_end(err); }}),
       out_(loop, out_fd,
            [this](int err) { end(End::output_failed, fmt::format("writing to stdout: {}", std::strerror(err))); }),
-      watchdog_(loop, [this] { on_watchdog(); })
+      watchdog_(loop, [this] { on_watchdog(); }), grace_(grace)
 {
 }
 
@@ -89,7 +92,7 @@ void EpisodeRelay::on_request(std::string&& line)
                     fmt::format("\"id\" {} is already used by a call that has not answered yet", id));
         return;
     }
-    Pending pending{id, std::nullopt};
+    Pending pending{id, requests_++, std::nullopt};
     if (const auto limits = limits_of(request)) {
         if (limits->max_output > max_output_limit) {
             reply_error(id, "bad_field",
@@ -100,7 +103,7 @@ void EpisodeRelay::on_request(std::string&& line)
             pending.deadline = Clock::now()
                 + std::chrono::duration_cast<Clock::duration>(
                                    std::chrono::duration<double>(*limits->timeout_s))
-                + watchdog_grace;
+                + grace_;
     }
     const bool is_close = std::holds_alternative<CloseRequest>(request.op);
     pending_.emplace(std::move(id), std::move(pending));
@@ -204,7 +207,7 @@ void EpisodeRelay::on_watchdog()
         if (call.deadline && *call.deadline <= now) {
             end(End::watchdog,
                 fmt::format("call {} did not answer within {} s after its timeout: the guest is not "
-                            "responding", id, watchdog_grace.count()));
+                            "responding", id, std::chrono::duration<double>(grace_).count()));
             return;
         }
     }
@@ -224,9 +227,13 @@ void EpisodeRelay::end(End how, const std::string& why)
 size_t EpisodeRelay::fail_pending(const std::string& code, const std::string& message)
 {
     ended_ = true;
-    const size_t count = pending_.size();
+    std::vector<const Pending*> calls;
     for (const auto& [id, call] : pending_)
-        emit(to_line(error_response(Json::parse(call.id_json), code, message)));
+        calls.push_back(&call);
+    std::sort(calls.begin(), calls.end(), [](auto* a, auto* b) { return a->order < b->order; });
+    for (const Pending* call : calls)
+        emit(to_line(error_response(Json::parse(call->id_json), code, message)));
+    const size_t count = calls.size();
     pending_.clear();
     return count;
 }

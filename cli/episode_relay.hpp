@@ -8,6 +8,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstdint>
 #include <functional>
 #include <map>
 #include <optional>
@@ -40,7 +41,8 @@ public:
     // and room for the other fields: no honest response line is longer.
     static constexpr size_t max_response_line = 12 * max_output_limit + (size_t{1} << 20);
 
-    EpisodeRelay(EventLoop& loop, int in_fd, int out_fd, Ended on_end);
+    EpisodeRelay(EventLoop& loop, int in_fd, int out_fd, Ended on_end,
+                 std::chrono::milliseconds grace = watchdog_grace);
     EpisodeRelay(const EpisodeRelay&) = delete;
     EpisodeRelay& operator=(const EpisodeRelay&) = delete;
 
@@ -57,6 +59,7 @@ public:
 private:
     struct Pending {
         std::string id_json;  // the id as the request spelled it, for error responses
+        uint64_t order;       // errors for unanswered calls go out in request order
         std::optional<std::chrono::steady_clock::time_point> deadline;
     };
 
@@ -78,7 +81,9 @@ private:
     std::optional<LineReader> agent_in_;
     std::optional<AsyncWriter> agent_out_;
     LoopTimer watchdog_;
+    std::chrono::milliseconds grace_;
     std::map<std::string, Pending> pending_;  // by id as compact JSON
+    uint64_t requests_ = 0;
     bool input_done_ = false;  // stdin ended, or a close call was sent
     bool ended_ = false;
 };

@@ -153,11 +153,7 @@ public:
         agent_in_.emplace(loop_, agent_.get(), EpisodeRelay::max_response_line,
                           LineReader::Handlers{[this](std::string&& line) { on_line(line); },
                                                [this] { fail("the guest agent sent an over-long line"); },
-                                               [this](int) {
-                                                   if (!end_)
-                                                       fail("the guest agent closed the connection "
-                                                            "before the command finished");
-                                               }});
+                                               [this](int) { on_agent_end(); }});
         agent_in_->start();
         agent_out_->write(std::move(request_));
         if (options_.timeout_s)
@@ -201,6 +197,14 @@ private:
         } catch (const std::exception& e) {
             fail(fmt::format("the guest agent sent a malformed line: {}", e.what()));
         }
+    }
+
+    void on_agent_end()
+    {
+        if (end_ || !failure_.empty())
+            return;
+        failure_ = "the guest agent closed the connection before the command finished";
+        agent_vm_.fail_unless_vm_ends(failure_);
     }
 
     void output_failed(const char* stream, int err)
