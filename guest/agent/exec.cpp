@@ -9,21 +9,19 @@
 
 #include <cerrno>
 #include <chrono>
-#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <optional>
 
 #include "guest/agent/capture.hpp"
 #include "guest/agent/child_setup.hpp"
+#include "guest/agent/drain.hpp"
 #include "vmm/error.hpp"
 #include "vmm/fd.hpp"
 
 namespace agentvm {
 
 namespace {
-
-using Clock = std::chrono::steady_clock;
 
 // The kernel counts OOM kills system-wide; a rise across the call, together with the
 // child dying of SIGKILL we did not send, is how the call learns the OOM killer hit it.
@@ -55,10 +53,37 @@ Pipe make_pipe()
     return {Fd(fds[0]), Fd(fds[1])};
 }
 
-void kill_group(pid_t pgid)
-{
-    ::kill(-pgid, SIGKILL);
-}
+// Feeds the call's stdin to the child as fast as the pipe takes it, never blocking the call,
+// and closes the pipe once all is written or the child is gone: readers see end of file.
+class StdinFeed final : public Watch {
+public:
+    StdinFeed(Fd pipe, std::string_view data) : pipe_(std::move(pipe)), pending_(data)
+    {
+        if (!pipe_)
+            return;
+        ::fcntl(pipe_.get(), F_SETFL, ::fcntl(pipe_.get(), F_GETFL) | O_NONBLOCK);
+        if (pending_.empty())
+            pipe_.reset();
+    }
+
+    int fd() const override { return pipe_.get(); }
+    short events() const override { return POLLOUT; }
+    bool ready(short) override
+    {
+        const ssize_t n = ::write(pipe_.get(), pending_.data(), pending_.size());
+        if (n > 0)
+            pending_.remove_prefix(static_cast<size_t>(n));
+        // A command that does not read its stdin (EPIPE) simply does not get it.
+        if (pending_.empty() || (n < 0 && errno != EAGAIN && errno != EINTR))
+            pipe_.reset();
+        return false;
+    }
+    void over() override { pipe_.reset(); }
+
+private:
+    Fd pipe_;
+    std::string_view pending_;
+};
 
 } // namespace
 
@@ -107,7 +132,7 @@ Json run_exec(const Json& id, const ExecRequest& request, Outbox& outbox, int ca
     Fd pidfd(static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)));
     if (!pidfd) {
         // Without a pidfd the loop cannot notice the exit; never leave the child behind.
-        kill_group(pid);
+        ::kill(-pid, SIGKILL);
         int ignored;
         while (::waitpid(pid, &ignored, 0) < 0 && errno == EINTR) {
         }
@@ -118,109 +143,22 @@ Json run_exec(const Json& id, const ExecRequest& request, Outbox& outbox, int ca
         {"stdout", std::move(out.read), request.max_output},
         {"stderr", std::move(err.read), request.max_output},
     };
-    std::string_view pending_stdin;
-    if (request.stdin_data) {
-        pending_stdin = *request.stdin_data;
-        ::fcntl(in.write.get(), F_SETFL, ::fcntl(in.write.get(), F_GETFL) | O_NONBLOCK);
-        if (pending_stdin.empty())
-            in.write.reset();
-    }
+    StdinFeed feed(std::move(in.write), request.stdin_data ? std::string_view(*request.stdin_data) : "");
+    const Drained drained = drain({pid, pidfd.get(), cancel_fd, deadline_after(start, request.timeout_s)}, captures,
+                                  feed, id, request.stream, outbox);
 
-    std::optional<Clock::time_point> deadline;
-    if (request.timeout_s)
-        deadline = start + std::chrono::duration_cast<Clock::duration>(
-                               std::chrono::duration<double>(*request.timeout_s));
-
-    bool exited = false;
-    bool timed_out = false;
-    bool cancelled = false;
-    int wait_status = 0;
-    Clock::time_point end{};
-    Clock::time_point last_output{};
-
-    for (;;) {
-        const Clock::time_point now = Clock::now();
-        if (exited) {
-            const bool open = captures[0].open() || captures[1].open();
-            if (!open || now - last_output >= quiet_after_exit || now - end >= drain_cap_after_exit)
-                break;
-        } else if (deadline && now >= *deadline && !timed_out) {
-            timed_out = true;
-            kill_group(pid);
-        }
-
-        pollfd fds[5];
-        int count = 0;
-        int index[2] = {-1, -1};
-        for (int i = 0; i < 2; ++i)
-            if (captures[i].open()) {
-                index[i] = count;
-                fds[count++] = {captures[i].fd(), POLLIN, 0};
-            }
-        int stdin_index = -1;
-        if (in.write) {
-            stdin_index = count;
-            fds[count++] = {in.write.get(), POLLOUT, 0};
-        }
-        int pid_index = -1;
-        if (!exited) {
-            pid_index = count;
-            fds[count++] = {pidfd.get(), POLLIN, 0};
-        }
-        int cancel_index = -1;
-        if (!cancelled) {
-            cancel_index = count;
-            fds[count++] = {cancel_fd, POLLIN, 0};
-        }
-
-        int wait_ms = -1;
-        if (exited)
-            wait_ms = static_cast<int>(quiet_after_exit.count());
-        else if (deadline && !timed_out)
-            wait_ms = static_cast<int>(std::ceil(
-                std::chrono::duration<double, std::milli>(*deadline - now).count()));
-        if (::poll(fds, static_cast<nfds_t>(count), wait_ms) < 0 && errno != EINTR)
-            throw_errno("poll");
-
-        for (int i = 0; i < 2; ++i) {
-            if (index[i] < 0 || fds[index[i]].revents == 0)
-                continue;
-            if (captures[i].read_some(id, request.stream, outbox))
-                last_output = Clock::now();
-        }
-        if (stdin_index >= 0 && fds[stdin_index].revents != 0) {
-            const ssize_t n = ::write(in.write.get(), pending_stdin.data(), pending_stdin.size());
-            if (n > 0)
-                pending_stdin.remove_prefix(static_cast<size_t>(n));
-            // A command that does not read its stdin (EPIPE) simply does not get it.
-            if (pending_stdin.empty() || (n < 0 && errno != EAGAIN && errno != EINTR))
-                in.write.reset();
-        }
-        if (pid_index >= 0 && fds[pid_index].revents != 0) {
-            while (::waitpid(pid, &wait_status, 0) < 0 && errno == EINTR) {
-            }
-            exited = true;
-            end = Clock::now();
-            last_output = end;
-            in.write.reset();
-        }
-        if (cancel_index >= 0 && fds[cancel_index].revents != 0) {
-            cancelled = true;
-            if (!exited)
-                kill_group(pid);
-        }
-    }
-
+    // Only the child's exit ends an exec call, so it has been reaped.
+    const int wait_status = *drained.wait_status;
     const bool killed = WIFSIGNALED(wait_status);
     Json response{{"id", id}};
     response["exit_code"] = killed ? Json(nullptr) : Json(WEXITSTATUS(wait_status));
     response["signal"] = killed ? Json(WTERMSIG(wait_status)) : Json(nullptr);
-    response["timed_out"] = timed_out;
-    response["oom_killed"] = killed && WTERMSIG(wait_status) == SIGKILL && !timed_out
-        && !cancelled && read_oom_kills() > oom_before;
+    response["timed_out"] = drained.timed_out;
+    response["oom_killed"] = killed && WTERMSIG(wait_status) == SIGKILL && !drained.timed_out
+        && !drained.cancelled && read_oom_kills() > oom_before;
     captures[0].put(response);
     captures[1].put(response);
-    response["duration_ms"] = std::chrono::duration_cast<std::chrono::milliseconds>(end - start).count();
+    response["duration_ms"] = std::chrono::duration_cast<std::chrono::milliseconds>(drained.end - start).count();
     return response;
 }
 

@@ -10,20 +10,18 @@
 
 #include <cerrno>
 #include <chrono>
-#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <optional>
 
 #include "guest/agent/capture.hpp"
 #include "guest/agent/child_setup.hpp"
+#include "guest/agent/drain.hpp"
 #include "vmm/error.hpp"
 
 namespace agentvm {
 
 namespace {
-
-using Clock = std::chrono::steady_clock;
 
 // For bash: the text inside single quotes, each ' closed, escaped and reopened.
 std::string quote(std::string_view text)
@@ -66,6 +64,37 @@ void write_all(int fd, std::string_view text)
         text.remove_prefix(static_cast<size_t>(n));
     }
 }
+
+// Reads bash's status FIFO during a call: the call's command is over when its "$?" line
+// arrives. Bytes past that line stay in `pending` for the next call.
+class StatusLine final : public Watch {
+public:
+    StatusLine(int fd, std::string& pending) : fd_(fd), pending_(pending) {}
+
+    int fd() const override { return fd_; }
+    short events() const override { return POLLIN; }
+    bool ready(short revents) override
+    {
+        if (!(revents & POLLIN))
+            return false;
+        char buffer[64];
+        const ssize_t got = ::read(fd_, buffer, sizeof(buffer));
+        if (got > 0)
+            pending_.append(buffer, static_cast<size_t>(got));
+        const size_t newline = pending_.find('\n');
+        if (newline == std::string::npos)
+            return false;
+        status = std::atoi(pending_.c_str());
+        pending_.erase(0, newline + 1);
+        return true;
+    }
+
+    std::optional<int> status;
+
+private:
+    int fd_;
+    std::string& pending_;
+};
 
 } // namespace
 
@@ -171,106 +200,30 @@ Json Shell::run(const Json& id, const ShellRequest& request, Outbox& outbox, int
         throw;
     }
 
-    std::optional<Clock::time_point> deadline;
-    if (request.timeout_s)
-        deadline = start_time + std::chrono::duration_cast<Clock::duration>(
-                                    std::chrono::duration<double>(*request.timeout_s));
-
-    // Set once the call is over: by a status line, or by bash ending.
-    std::optional<int> status;
-    std::optional<int> bash_wait_status;
-    bool timed_out = false;
-    bool cancelled = false;
-    Clock::time_point end{};
-    Clock::time_point last_output{};
-
-    for (;;) {
-        const Clock::time_point now = Clock::now();
-        const bool done = status || bash_wait_status;
-        if (done) {
-            const bool open = captures[0].open() || captures[1].open();
-            if (!open || now - last_output >= quiet_after_exit || now - end >= drain_cap_after_exit)
-                break;
-        } else if (deadline && now >= *deadline && !timed_out) {
-            timed_out = true;
-            ::kill(-pid_, SIGKILL);
-        }
-
-        pollfd fds[5];
-        int count = 0;
-        int index[2] = {-1, -1};
-        for (int i = 0; i < 2; ++i)
-            if (captures[i].open()) {
-                index[i] = count;
-                fds[count++] = {captures[i].fd(), POLLIN, 0};
-            }
-        const int status_index = done ? -1 : count;
-        if (!done)
-            fds[count++] = {status_.get(), POLLIN, 0};
-        const int pid_index = done ? -1 : count;
-        if (!done)
-            fds[count++] = {pidfd_.get(), POLLIN, 0};
-        const int cancel_index = cancelled ? -1 : count;
-        if (!cancelled)
-            fds[count++] = {cancel_fd, POLLIN, 0};
-
-        int wait_ms = -1;
-        if (done)
-            wait_ms = static_cast<int>(quiet_after_exit.count());
-        else if (deadline && !timed_out)
-            wait_ms = static_cast<int>(
-                std::ceil(std::chrono::duration<double, std::milli>(*deadline - now).count()));
-        if (::poll(fds, static_cast<nfds_t>(count), wait_ms) < 0 && errno != EINTR)
-            throw_errno("poll");
-
-        for (int i = 0; i < 2; ++i)
-            if (index[i] >= 0 && fds[index[i]].revents != 0 && captures[i].read_some(id, request.stream, outbox))
-                last_output = Clock::now();
-        if (status_index >= 0 && (fds[status_index].revents & POLLIN)) {
-            char buffer[64];
-            const ssize_t got = ::read(status_.get(), buffer, sizeof(buffer));
-            if (got > 0)
-                status_pending_.append(buffer, static_cast<size_t>(got));
-            if (const size_t newline = status_pending_.find('\n'); newline != std::string::npos) {
-                status = std::atoi(status_pending_.c_str());
-                status_pending_.erase(0, newline + 1);
-                end = last_output = Clock::now();
-            }
-        }
-        if (pid_index >= 0 && fds[pid_index].revents != 0) {
-            int wait_status = 0;
-            while (::waitpid(pid_, &wait_status, 0) < 0 && errno == EINTR) {
-            }
-            pid_ = -1; // reaped: stop() below must not wait for it again
-            bash_wait_status = wait_status;
-            end = last_output = Clock::now();
-        }
-        if (cancel_index >= 0 && fds[cancel_index].revents != 0) {
-            cancelled = true;
-            if (!(status || bash_wait_status))
-                ::kill(-pid_, SIGKILL);
-        }
-    }
+    StatusLine status_line(status_.get(), status_pending_);
+    const Drained drained = drain({pid_, pidfd_.get(), cancel_fd, deadline_after(start_time, request.timeout_s)},
+                                  captures, status_line, id, request.stream, outbox);
 
     ::unlink(out_path.c_str());
     ::unlink(err_path.c_str());
     Json response{{"id", id}};
-    if (bash_wait_status) {
+    if (drained.wait_status) {
         // bash is gone: `exit`, a timeout or a cancel. Its jobs go with it.
-        const int wait_status = *bash_wait_status;
+        const int wait_status = *drained.wait_status;
+        pid_ = -1; // reaped: stop() must not wait for it again
         stop();
         const bool killed = WIFSIGNALED(wait_status);
         response["exit_code"] = killed ? Json(nullptr) : Json(WEXITSTATUS(wait_status));
         response["signal"] = killed ? Json(WTERMSIG(wait_status)) : Json(nullptr);
     } else {
-        response["exit_code"] = *status;
+        response["exit_code"] = *status_line.status;
         response["signal"] = nullptr;
     }
-    response["timed_out"] = timed_out;
+    response["timed_out"] = drained.timed_out;
     response["oom_killed"] = false;
     captures[0].put(response);
     captures[1].put(response);
-    response["duration_ms"] = std::chrono::duration_cast<std::chrono::milliseconds>(end - start_time).count();
+    response["duration_ms"] = std::chrono::duration_cast<std::chrono::milliseconds>(drained.end - start_time).count();
     return response;
 }
 

@@ -9,16 +9,12 @@ a malformed line. Then SIGTERM ends the VM. Prints "agent ok" or exits non-zero 
 """
 import base64
 import hashlib
-import json
 import os
 import signal
-import socket
-import subprocess
 import sys
 import tempfile
-import time
 
-from hybrid_vsock import open_guest_port
+from agent_client import AgentError, boot, connect, field
 
 AGENTVM = sys.argv[1]
 
@@ -29,66 +25,10 @@ def fail(why, console=None):
     sys.exit("agent_check: " + why)
 
 
-def field(msg, name):
-    """A byte field in either spelling (plain UTF-8 or _b64)."""
-    if name in msg:
-        return msg[name].encode()
-    return base64.b64decode(msg.get(name + "_b64", ""))
-
-
-def connect(uds, console, proc):
-    # The agent starts a moment after the guest's init: retry until its port answers.
-    deadline = time.monotonic() + 240
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            fail(f"agentvm exited ({proc.returncode}) before the agent answered", console)
-        try:
-            s, line = open_guest_port(uds, 52)
-            if line.startswith(b"OK "):
-                return s
-        except OSError:
-            pass
-        time.sleep(0.2)
-    fail("the agent never answered on vsock port 52", console)
-
-
-class Client:
-    def __init__(self, sock):
-        self.sock = sock
-        self.buf = b""
-
-    def send(self, obj):
-        self.sock.sendall(json.dumps(obj).encode() + b"\n")
-
-    def send_raw(self, line):
-        self.sock.sendall(line)
-
-    def reply(self, rid):
-        """The final line for request rid (events are skipped)."""
-        while True:
-            while b"\n" not in self.buf:
-                chunk = self.sock.recv(1 << 16)
-                if not chunk:
-                    fail(f"connection closed while waiting for {rid}")
-                self.buf += chunk
-            line, self.buf = self.buf.split(b"\n", 1)
-            msg = json.loads(line)
-            if msg.get("id") == rid and "event" not in msg:
-                return msg
-
-    def call(self, obj):
-        self.send(obj)
-        return self.reply(obj["id"])
-
-
 with tempfile.TemporaryDirectory(prefix="agentvm-agent-") as tmp:
-    uds = os.path.join(tmp, "v.sock")
-    console = os.path.join(tmp, "console")
-    proc = subprocess.Popen([AGENTVM, "--log-level", "warn", "boot", "--vsock-uds", uds,
-                             "--console", console, "--init-cmd", "sleep 100000"],
-                            stdin=subprocess.DEVNULL)
+    proc, uds, console = boot(AGENTVM, tmp)
     try:
-        c = Client(connect(uds, console, proc))
+        c = connect(uds, proc)
 
         r = c.call({"id": 1, "op": "exec", "argv": ["uname", "-sr"]})
         if r.get("exit_code") != 0 or not field(r, "stdout").startswith(b"Linux 6.1"):
@@ -110,10 +50,7 @@ with tempfile.TemporaryDirectory(prefix="agentvm-agent-") as tmp:
         c.send({"id": 6, "op": "read_file", "path": "/root/blob"})
         got = b""
         while True:
-            while b"\n" not in c.buf:
-                c.buf += c.sock.recv(1 << 16)
-            line, c.buf = c.buf.split(b"\n", 1)
-            msg = json.loads(line)
+            msg = c.message()
             if msg.get("event") == "data":
                 got += base64.b64decode(msg["data_b64"])
             elif msg.get("id") == 6:
@@ -122,11 +59,9 @@ with tempfile.TemporaryDirectory(prefix="agentvm-agent-") as tmp:
             fail(f"read_file returned {len(got)} bytes that differ from the {len(blob)} written", console)
 
         c.send_raw(b"this is not json\n")
-        while b"\n" not in c.buf:
-            c.buf += c.sock.recv(1 << 16)
-        line, c.buf = c.buf.split(b"\n", 1)
-        if json.loads(line).get("error", {}).get("code") != "bad_json":
-            fail(f"malformed line answered with {line!r}", console)
+        msg = c.message()
+        if msg.get("error", {}).get("code") != "bad_json":
+            fail(f"malformed line answered with {msg}", console)
         r = c.call({"id": 7, "op": "exec", "argv": ["true"]})
         if r.get("exit_code") != 0:
             fail(f"the connection did not survive a malformed line: {r}", console)
@@ -135,10 +70,12 @@ with tempfile.TemporaryDirectory(prefix="agentvm-agent-") as tmp:
         c.send({"id": 8, "op": "exec", "argv": ["sh", "-c", "kill -9 $PPID"]})
         while c.sock.recv(1 << 16):
             pass
-        c = Client(connect(uds, console, proc))
+        c = connect(uds, proc)
         r = c.call({"id": 9, "op": "exec", "argv": ["echo", "back"]})
         if field(r, "stdout") != b"back\n":
             fail(f"no agent after it was killed: {r}", console)
+    except AgentError as e:
+        fail(str(e), console)
     finally:
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)

@@ -1,0 +1,85 @@
+#include "guest/agent/drain.hpp"
+
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+
+#include <cerrno>
+#include <cmath>
+
+#include "vmm/error.hpp"
+
+namespace agentvm {
+
+std::optional<Clock::time_point> deadline_after(Clock::time_point start, std::optional<double> timeout_s)
+{
+    if (!timeout_s)
+        return std::nullopt;
+    return start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(*timeout_s));
+}
+
+Drained drain(const Running& command, std::span<Capture, 2> captures, Watch& watch, const Json& id, bool stream,
+              Outbox& outbox)
+{
+    Drained result;
+    bool over = false;
+    Clock::time_point last_output{};
+    const auto finish = [&] {
+        if (!over)
+            watch.over();
+        over = true;
+        result.end = last_output = Clock::now();
+    };
+    // Each descriptor keeps its slot (the captures' first, in order); one not watched gets
+    // fd -1, which poll() skips.
+    enum { stdout_slot, stderr_slot, watch_slot, pid_slot, cancel_slot, slots };
+
+    for (;;) {
+        const Clock::time_point now = Clock::now();
+        if (over) {
+            const bool open = captures[0].open() || captures[1].open();
+            if (!open || now - last_output >= quiet_after_exit || now - result.end >= drain_cap_after_exit)
+                break;
+        } else if (command.deadline && now >= *command.deadline && !result.timed_out) {
+            result.timed_out = true;
+            ::kill(-command.pid, SIGKILL);
+        }
+
+        pollfd fds[slots] = {
+            {captures[0].fd(), POLLIN, 0},
+            {captures[1].fd(), POLLIN, 0},
+            {over ? -1 : watch.fd(), watch.events(), 0},
+            {over ? -1 : command.pidfd, POLLIN, 0},
+            {result.cancelled ? -1 : command.cancel_fd, POLLIN, 0},
+        };
+        int wait_ms = -1;
+        if (over)
+            wait_ms = static_cast<int>(quiet_after_exit.count());
+        else if (command.deadline && !result.timed_out)
+            wait_ms = static_cast<int>(
+                std::ceil(std::chrono::duration<double, std::milli>(*command.deadline - now).count()));
+        if (::poll(fds, slots, wait_ms) < 0 && errno != EINTR)
+            throw_errno("poll");
+
+        for (size_t i = 0; i < captures.size(); ++i)
+            if (fds[i].revents != 0 && captures[i].read_some(id, stream, outbox))
+                last_output = Clock::now();
+        if (fds[watch_slot].revents != 0 && watch.ready(fds[watch_slot].revents))
+            finish();
+        if (fds[pid_slot].revents != 0) {
+            int wait_status = 0;
+            while (::waitpid(command.pid, &wait_status, 0) < 0 && errno == EINTR) {
+            }
+            result.wait_status = wait_status;
+            finish();
+        }
+        if (fds[cancel_slot].revents != 0) {
+            result.cancelled = true;
+            if (!over)
+                ::kill(-command.pid, SIGKILL);
+        }
+    }
+    return result;
+}
+
+} // namespace agentvm

@@ -1,0 +1,93 @@
+"""`agentvm episode` as a harness embeds it: a subprocess speaking JSON lines on its stdin and
+stdout (docs/protocol.md). A reader thread collects every line, so tests can pipeline
+requests, read answers in any order, and see what arrives after the process ends."""
+import json
+import queue
+import subprocess
+import threading
+import time
+
+
+class EpisodeError(Exception):
+    """The episode did not answer as it should; the message says how."""
+
+
+class Episode:
+    def __init__(self, agentvm, *args, console=None):
+        cmd = [agentvm, "--log-level", "warn", "episode", *args]
+        if console:
+            cmd += ["--console", console]
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE)
+        self.lines = queue.Queue()
+        self.stderr = b""
+        self.by_id = {}  # id -> list of messages not yet taken
+        self.next_id = 0
+        threading.Thread(target=self._read_stdout, daemon=True).start()
+        threading.Thread(target=self._read_stderr, daemon=True).start()
+
+    def _read_stdout(self):
+        for raw in self.proc.stdout:
+            self.lines.put(raw)
+        self.lines.put(None)
+
+    def _read_stderr(self):
+        self.stderr = self.proc.stderr.read()
+
+    def send_raw(self, data):
+        self.proc.stdin.write(data)
+        self.proc.stdin.flush()
+
+    def send(self, request):
+        """Sends a request (an id is added when missing) and returns its id."""
+        if "id" not in request:
+            self.next_id += 1
+            request = {"id": self.next_id, **request}
+        self.send_raw(json.dumps(request).encode() + b"\n")
+        return request["id"]
+
+    def _next_message(self, deadline):
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise EpisodeError("no answer in time")
+        try:
+            raw = self.lines.get(timeout=remaining)
+        except queue.Empty:
+            raise EpisodeError("no answer in time") from None
+        if raw is None:
+            self.lines.put(None)  # keep reporting the end to later readers
+            raise EpisodeError(f"episode output ended (exit {self.proc.wait()}): "
+                               f"{self.stderr.decode(errors='replace')[-2000:]}")
+        try:
+            return json.loads(raw)
+        except ValueError:
+            raise EpisodeError(f"not a JSON line: {raw[:200]!r}") from None
+
+    def result(self, call_id, timeout=300):
+        """The events and final message (response or error) of call_id: (events, final)."""
+        deadline = time.monotonic() + timeout
+        pending = self.by_id.setdefault(call_id, [])
+        while True:
+            for i, msg in enumerate(pending):
+                if "event" not in msg:
+                    events = pending[:i]
+                    del pending[:i + 1]
+                    return events, msg
+            msg = self._next_message(deadline)
+            self.by_id.setdefault(msg.get("id"), []).append(msg)
+
+    def call(self, request, timeout=300):
+        """Sends a request and returns its final message."""
+        return self.result(self.send(request), timeout)[1]
+
+    def close_stdin(self):
+        self.proc.stdin.close()
+
+    def wait(self, timeout=300):
+        """Exit status once the process ends (stdin must be closed, or it must be dying)."""
+        return self.proc.wait(timeout=timeout)
+
+    def kill(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()

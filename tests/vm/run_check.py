@@ -1,0 +1,108 @@
+#!/usr/bin/env python3
+"""`agentvm run` with a real guest: output, exit statuses and what is left behind.
+
+usage: run_check.py AGENTVM_BINARY
+Prints "ok <case>: <what was seen>" or "FAIL <case>: <why>" per case; exits non-zero if any
+failed.
+"""
+import os
+import subprocess
+import sys
+import tempfile
+import traceback
+
+AGENTVM = sys.argv[1]
+
+
+class Failed(Exception):
+    pass
+
+
+def expect(cond, why):
+    if not cond:
+        raise Failed(why)
+
+
+def run(*args, stdin=subprocess.DEVNULL, env=None):
+    return subprocess.run([AGENTVM, "run", *args], stdin=stdin, capture_output=True, timeout=600,
+                          env=env)
+
+
+def streams_and_status():
+    r = run("--", "sh", "-c", "echo out; echo err >&2; exit 3")
+    expect((r.returncode, r.stdout, r.stderr) == (3, b"out\n", b"err\n"),
+           f"got {r.returncode} {r.stdout!r} {r.stderr!r}")
+    r = run("--", "sh", "-c", "kill -USR1 $$")
+    expect(r.returncode == 128 + 10, f"signal: exit {r.returncode}")
+    return "stdout and stderr kept apart, exit 3 passed on, SIGUSR1 -> 138"
+
+
+def order_and_binary():
+    # Interleaved writes over time arrive in order, and bytes that are not UTF-8 pass intact.
+    r = run("--", "sh", "-c", "for i in 1 2 3; do echo $i; sleep 0.2; done; printf '\\000\\377'")
+    expect(r.returncode == 0 and r.stdout == b"1\n2\n3\n\x00\xff", f"got {r.stdout!r}")
+    return "streamed lines in order, NUL and 0xff bytes intact"
+
+
+def shell_env_workdir_stdin():
+    r = run("--env", "A=1", "--env", "B=two words", "--workdir", "/etc", "--shell",
+            'echo "$A $B $PWD"; [[ 1 == 1 ]] && echo bash')
+    expect(r.returncode == 0 and r.stdout == b"1 two words /etc\nbash\n", f"got {r.stdout!r} {r.stderr!r}")
+    r = run("-i", "--", "sha256sum", stdin=open("/etc/passwd", "rb"))
+    want = subprocess.run(["sha256sum"], stdin=open("/etc/passwd", "rb"), capture_output=True).stdout
+    expect(r.stdout == want, f"stdin: {r.stdout!r} != {want!r}")
+    return "--env, --workdir, --shell (bash), -i stdin delivered byte-exact"
+
+
+def own_statuses():
+    cases = [
+        (["--timeout", "1", "--", "sh", "-c", "sleep 1000 & sleep 1000"], 124, b"timed out"),
+        (["--", "no-such-command"], 127, b"not found"),
+        (["--", "/etc/hostname"], 126, b"/etc/hostname"),
+        (["--workdir", "/nope", "--", "true"], 127, b"/nope"),
+        (["--bogus-flag", "--", "true"], 125, b"bogus"),
+        ([], 125, b"give the command"),
+        (["--env", "NOEQUALS", "--", "true"], 125, b"NAME=VALUE"),
+        (["--kernel", "/nonexistent", "--", "true"], 125, b"/nonexistent"),
+        (["--max-output", "1", "--", "echo", "hello"], 0, b"cut at 1 bytes"),
+    ]
+    for args, code, message in cases:
+        r = run(*args)
+        expect(r.returncode == code and message in r.stderr,
+               f"{args}: exit {r.returncode} (want {code}), stderr {r.stderr[-400:]!r}")
+    return f"{len(cases)} cases: 124 timeout, 127 not found, 126 not executable, 125 agentvm's own errors"
+
+
+def nothing_left_behind():
+    tmp = tempfile.mkdtemp(prefix="agentvm-run-")
+    env = dict(os.environ, TMPDIR=tmp)
+    before = set(subprocess.run(["pgrep", "-f", "agentvm"], capture_output=True).stdout.split())
+    for _ in range(3):
+        r = run("--", "true", env=env)
+        expect(r.returncode == 0, f"exit {r.returncode}: {r.stderr!r}")
+    after = set(subprocess.run(["pgrep", "-f", "agentvm"], capture_output=True).stdout.split())
+    expect(os.listdir(tmp) == [], f"left in TMPDIR: {os.listdir(tmp)}")
+    os.rmdir(tmp)
+    expect(after <= before, f"processes left: {after - before}")
+    return "3 runs: TMPDIR empty, no agentvm process left"
+
+
+CASES = [streams_and_status, order_and_binary, shell_env_workdir_stdin, own_statuses, nothing_left_behind]
+
+
+def main():
+    good = True
+    for case in CASES:
+        try:
+            print(f"ok {case.__name__}: {case()}", flush=True)
+        except Failed as e:
+            good = False
+            print(f"FAIL {case.__name__}: {e}", flush=True)
+        except Exception:
+            good = False
+            print(f"FAIL {case.__name__}: {traceback.format_exc()}", flush=True)
+    sys.exit(0 if good else 1)
+
+
+if __name__ == "__main__":
+    main()
