@@ -3,7 +3,7 @@
 # VMM, the guest kernel, the guest init and the rootfs image (each cached, rebuilt only when its
 # inputs change), then either boots the default guest (`demo`) or runs every test (`test`).
 #
-#   ./setup.sh demo     set up, then boot the default guest and run a command in it
+#   ./setup.sh demo     set up, then run a command in a fresh VM and a short tool-call episode
 #   ./setup.sh test     set up, then run the unit, kvm and vm test suites
 #   ./setup.sh build    set up only
 set -euo pipefail
@@ -63,12 +63,18 @@ say "set-up done"
 case "$mode" in
   build) ;;
   demo)
-    cmd=(build/agentvm boot --init-cmd 'echo "hello from agentvm: $(uname -sr), $(nproc) vCPU, python $(python3 -c "import sys; print(sys.version.split()[0])")"')
+    # One command in a fresh VM, then a three-call episode whose JSON lines show a file
+    # written, run from a cd, and the cd still in force in the next call.
+    demo='build/agentvm run -- python3 -c "import os, platform; print(f\"hello from agentvm: {platform.system()} {platform.release()}, {os.cpu_count()} vCPU, python {platform.python_version()}\")"
+printf "%s\n" \
+  "{\"id\":1,\"op\":\"write_file\",\"path\":\"/root/hi.py\",\"data\":\"import os; print(\\\"tool call ran in\\\", os.getcwd())\\n\"}" \
+  "{\"id\":2,\"op\":\"shell\",\"cmd\":\"cd /tmp && python3 /root/hi.py\"}" \
+  "{\"id\":3,\"op\":\"shell\",\"cmd\":\"pwd\"}" | build/agentvm episode'
     if hardware_kvm; then
-      exec "${cmd[@]}"
+      exec bash -c "$demo"
     fi
-    echo "setup: no hardware KVM on this host; booting through the emulated test host (slow)" >&2
-    AGENTVM_TESTHOST_QUIET=1 exec tests/testhost/run -- "${cmd[@]}"
+    echo "setup: no hardware KVM on this host; running through the emulated test host (slow)" >&2
+    AGENTVM_TESTHOST_QUIET=1 exec tests/testhost/run -- bash -c "$demo"
     ;;
   test)
     exec tests/run_all.sh
