@@ -1,9 +1,12 @@
 #include "vmm/guest_memory.hpp"
 
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <fmt/format.h>
 #include <utility>
 
@@ -11,18 +14,67 @@
 
 namespace agentvm {
 
-GuestMemory::GuestMemory(uint64_t ram_bytes) : ram_size_(ram_bytes)
-{
-    if (ram_bytes == 0 || ram_bytes % 4096 != 0)
-        throw Error("guest memory size must be a non-zero multiple of 4 KiB");
+namespace {
 
-    memfd_ = Fd(::memfd_create("agentvm-guest-ram", MFD_CLOEXEC));
-    if (!memfd_)
+constexpr uint64_t page_size = 4096;
+
+Fd new_ram_memfd(uint64_t ram_bytes)
+{
+    if (ram_bytes == 0 || ram_bytes % page_size != 0)
+        throw Error("guest memory size must be a non-zero multiple of 4 KiB");
+    Fd fd(::memfd_create("agentvm-guest-ram", MFD_CLOEXEC));
+    if (!fd)
         throw_errno("memfd_create for guest RAM");
-    if (::ftruncate(memfd_.get(), static_cast<off_t>(ram_bytes)) != 0)
+    if (::ftruncate(fd.get(), static_cast<off_t>(ram_bytes)) != 0)
         throw_errno("sizing guest RAM memfd");
+    return fd;
+}
+
+bool all_zero(const uint8_t* page)
+{
+    static const uint8_t zeros[page_size] = {};
+    return std::memcmp(page, zeros, page_size) == 0;
+}
+
+void write_all_at(int fd, const uint8_t* data, uint64_t len, uint64_t offset)
+{
+    while (len > 0) {
+        const ssize_t n = ::pwrite(fd, data, len, static_cast<off_t>(offset));
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            throw_errno("writing guest memory to the snapshot");
+        data += n;
+        offset += static_cast<uint64_t>(n);
+        len -= static_cast<uint64_t>(n);
+    }
+}
+
+} // namespace
+
+GuestMemory::GuestMemory(uint64_t ram_bytes) : GuestMemory(new_ram_memfd(ram_bytes), ram_bytes, MAP_SHARED)
+{
+}
+
+GuestMemory GuestMemory::from_snapshot(Fd file, uint64_t ram_bytes, const std::string& name)
+{
+    struct stat st {};
+    if (::fstat(file.get(), &st) != 0)
+        throw_errno(fmt::format("snapshot memory '{}'", name));
+    if (!S_ISREG(st.st_mode) || static_cast<uint64_t>(st.st_size) != ram_bytes || ram_bytes % page_size != 0)
+        throw Error(fmt::format("snapshot memory '{}' is {} bytes, not the {} bytes of guest RAM the "
+                                "snapshot records: truncated or from another snapshot",
+                                name, st.st_size, ram_bytes));
+    return GuestMemory(std::move(file), ram_bytes, MAP_PRIVATE);
+}
+
+GuestMemory::GuestMemory(Fd backing, uint64_t ram_bytes, int map_flags)
+    : memfd_(std::move(backing)), private_copy_(map_flags == MAP_PRIVATE), ram_size_(ram_bytes)
+{
+    if (ram_bytes == 0 || ram_bytes % page_size != 0)
+        throw Error("guest memory size must be a non-zero multiple of 4 KiB");
     // MAP_NORESERVE: guest RAM is touched lazily; a 4 GiB guest that uses 200 MiB costs 200 MiB.
-    void* addr = ::mmap(nullptr, ram_bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE,
+    void* addr = ::mmap(nullptr, ram_bytes, PROT_READ | PROT_WRITE, map_flags | MAP_NORESERVE,
                         memfd_.get(), 0);
     if (addr == MAP_FAILED)
         throw_errno("mapping guest RAM");
@@ -34,9 +86,52 @@ GuestMemory::GuestMemory(uint64_t ram_bytes) : ram_size_(ram_bytes)
         regions_.push_back({layout::mmio_gap_end, ram_bytes - low, low, mapping_ + low});
 }
 
+uint64_t GuestMemory::save_to(int out_fd) const
+{
+    uint64_t written = 0;
+    uint64_t offset = 0;
+    while (offset < ram_size_) {
+        // Ranges the memfd has never had written are holes already: skip them without
+        // touching their pages (which would allocate them). A private copy of a snapshot has
+        // the guest's writes outside the file, so all of it is scanned.
+        off_t data = static_cast<off_t>(offset);
+        off_t hole = static_cast<off_t>(ram_size_);
+        if (!private_copy_) {
+            data = ::lseek(memfd_.get(), static_cast<off_t>(offset), SEEK_DATA);
+            if (data < 0 && errno == ENXIO)
+                break;
+            if (data < 0)
+                throw_errno("finding guest RAM in use (SEEK_DATA)");
+            hole = ::lseek(memfd_.get(), data, SEEK_HOLE);
+            if (hole < 0)
+                throw_errno("finding guest RAM in use (SEEK_HOLE)");
+        }
+        const uint64_t end = std::min<uint64_t>(static_cast<uint64_t>(hole), ram_size_);
+        // Within data, runs of non-zero pages become one write each.
+        uint64_t page = static_cast<uint64_t>(data) & ~(page_size - 1);
+        while (page < end) {
+            while (page < end && all_zero(mapping_ + page))
+                page += page_size;
+            uint64_t run_end = page;
+            while (run_end < end && !all_zero(mapping_ + run_end))
+                run_end += page_size;
+            if (run_end > page) {
+                write_all_at(out_fd, mapping_ + page, run_end - page, page);
+                written += run_end - page;
+            }
+            page = run_end;
+        }
+        offset = end;
+    }
+    if (::ftruncate(out_fd, static_cast<off_t>(ram_size_)) != 0)
+        throw_errno("sizing the snapshot memory file");
+    return written;
+}
+
 GuestMemory::GuestMemory(GuestMemory&& other) noexcept
     : memfd_(std::move(other.memfd_)),
       mapping_(std::exchange(other.mapping_, nullptr)),
+      private_copy_(other.private_copy_),
       ram_size_(std::exchange(other.ram_size_, 0)),
       regions_(std::move(other.regions_))
 {

@@ -1,7 +1,7 @@
 // Guest RAM: the only holder of host pointers into the guest.
 //
-// RAM is one memfd (so a snapshot can save or share it later) mapped MAP_SHARED and split
-// into regions around the 32-bit MMIO gap. Every access is bounds- and overflow-checked
+// RAM is one memfd mapped MAP_SHARED (or, restored from a snapshot, the snapshot's memory
+// file mapped MAP_PRIVATE) and split into regions around the 32-bit MMIO gap. Every access is bounds- and overflow-checked
 // against a single region; an access that leaves RAM throws GuestError, because the address
 // nearly always comes from the guest.
 #pragma once
@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstring>
 #include <span>
+#include <string>
 #include <type_traits>
 #include <vector>
 
@@ -28,6 +29,10 @@ class GuestMemory {
 public:
     // ram_bytes of RAM laid out as layout.hpp says: [0, min(ram, gap)) then [4 GiB, ...).
     explicit GuestMemory(uint64_t ram_bytes);
+    // RAM from a snapshot's memory file, mapped MAP_PRIVATE: pages load on first touch and
+    // stay shared through the page cache with every VM restored from the same file until the
+    // guest writes them. Throws Error unless the file is exactly ram_bytes long.
+    static GuestMemory from_snapshot(Fd file, uint64_t ram_bytes, const std::string& name);
     GuestMemory(GuestMemory&&) noexcept;
     GuestMemory& operator=(GuestMemory&&) = delete;
     GuestMemory(const GuestMemory&) = delete;
@@ -37,6 +42,10 @@ public:
     uint64_t ram_size() const { return ram_size_; }
     const std::vector<MemoryRegion>& regions() const { return regions_; }
     int fd() const { return memfd_.get(); }
+
+    // Writes all of RAM into out_fd (an empty regular file) as a sparse file: pages that
+    // were never touched or are all zero become holes. Returns the bytes of data written.
+    uint64_t save_to(int out_fd) const;
 
     // True when [gpa, gpa+len) lies inside one region (len 0 included, at any in-RAM gpa).
     bool contains(uint64_t gpa, uint64_t len) const noexcept;
@@ -64,10 +73,12 @@ public:
     }
 
 private:
+    GuestMemory(Fd backing, uint64_t ram_bytes, int map_flags);
     const MemoryRegion* find(uint64_t gpa, uint64_t len) const noexcept;
 
     Fd memfd_;
     uint8_t* mapping_ = nullptr;
+    bool private_copy_ = false;  // MAP_PRIVATE over a snapshot: the file misses the guest's writes
     uint64_t ram_size_ = 0;
     std::vector<MemoryRegion> regions_;
 };

@@ -1,5 +1,9 @@
 #include <doctest/doctest.h>
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <cstdint>
 #include <vector>
 
@@ -60,4 +64,61 @@ TEST_CASE("sizes that are not whole pages are refused")
 {
     CHECK_THROWS_AS(GuestMemory(0), Error);
     CHECK_THROWS_AS(GuestMemory(4097), Error);
+}
+
+namespace {
+
+Fd temp_file()
+{
+    Fd fd(::open("/tmp", O_TMPFILE | O_RDWR | O_CLOEXEC, 0600));
+    REQUIRE(fd);
+    return fd;
+}
+
+uint64_t allocated_bytes(int fd)
+{
+    struct stat st {};
+    REQUIRE(::fstat(fd, &st) == 0);
+    return static_cast<uint64_t>(st.st_blocks) * 512;
+}
+
+} // namespace
+
+TEST_CASE("a snapshot of RAM keeps every byte and stores zero pages as holes")
+{
+    const uint64_t ram = 8 << 20;
+    GuestMemory mem(ram);
+    mem.write_obj<uint64_t>(0x1000, 0x1122334455667788);
+    mem.write_obj<uint8_t>(ram - 1, 0xab);
+    mem.write_obj<uint64_t>(0x200000, 0);  // touched, but still zero: a hole too
+    Fd file = temp_file();
+    CHECK(mem.save_to(file.get()) == 2 * 4096);
+    CHECK(allocated_bytes(file.get()) <= 2 * 4096 + 4096);
+
+    GuestMemory restored = GuestMemory::from_snapshot(Fd(::dup(file.get())), ram, "test");
+    CHECK(restored.read_obj<uint64_t>(0x1000) == 0x1122334455667788);
+    CHECK(restored.read_obj<uint8_t>(ram - 1) == 0xab);
+    CHECK(restored.read_obj<uint64_t>(0x200000) == 0);
+
+    // The restored guest's writes stay private: the file, and so every other clone, is unchanged.
+    restored.write_obj<uint64_t>(0x1000, 42);
+    GuestMemory clone = GuestMemory::from_snapshot(Fd(::dup(file.get())), ram, "test");
+    CHECK(clone.read_obj<uint64_t>(0x1000) == 0x1122334455667788);
+
+    // Saving the restored guest again includes its private writes, also in former holes.
+    restored.write_obj<uint64_t>(0x300000, 7);
+    Fd again = temp_file();
+    CHECK(restored.save_to(again.get()) == 3 * 4096);
+    GuestMemory second = GuestMemory::from_snapshot(std::move(again), ram, "test");
+    CHECK(second.read_obj<uint64_t>(0x1000) == 42);
+    CHECK(second.read_obj<uint64_t>(0x300000) == 7);
+}
+
+TEST_CASE("a snapshot memory file of the wrong size is refused")
+{
+    Fd file = temp_file();
+    REQUIRE(::ftruncate(file.get(), 4 << 20) == 0);
+    CHECK_THROWS_AS(GuestMemory::from_snapshot(Fd(::dup(file.get())), 8 << 20, "short"), Error);
+    CHECK_THROWS_WITH(GuestMemory::from_snapshot(std::move(file), 8 << 20, "short"),
+                      doctest::Contains("truncated"));
 }
