@@ -12,6 +12,7 @@
 #include "guest/agent/exec.hpp"
 #include "guest/agent/files.hpp"
 #include "guest/agent/line_framer.hpp"
+#include "guest/agent/resume.hpp"
 #include "vmm/error.hpp"
 
 namespace agentvm {
@@ -129,6 +130,9 @@ void Connection::handle_line(std::string&& line)
             outbox_.send(to_line(Json{{"id", request.id}, {"ok", true}, {"bytes", bytes}}));
         } else if (auto* read = std::get_if<ReadFileRequest>(&request.op)) {
             outbox_.send(to_line(read_file(request.id, *read, outbox_)));
+        } else if (auto* resume = std::get_if<ResumeRequest>(&request.op)) {
+            resume_guest(*resume);
+            outbox_.send(to_line(Json{{"id", request.id}, {"ok", true}}));
         } else {
             std::lock_guard lock(mutex_);
             close_requested_ = true;

@@ -137,6 +137,23 @@ WriteFileRequest parse_write_file(const Json& object)
     return write;
 }
 
+ResumeRequest parse_resume(const Json& object)
+{
+    ResumeRequest resume;
+    const Json& time = require(object, "time_ns");
+    if (!time.is_number_unsigned())
+        bad_field("time_ns", "must be a non-negative integer (nanoseconds since the epoch)");
+    resume.time_ns = time.get<uint64_t>();
+    std::optional<std::string> entropy = get_bytes(object, "entropy");
+    if (!entropy)
+        throw CallError("missing_field", "missing \"entropy\" or \"entropy_b64\"");
+    if (entropy->size() < min_resume_entropy || entropy->size() > max_resume_entropy)
+        bad_field("entropy", "must be " + std::to_string(min_resume_entropy) + " to "
+                      + std::to_string(max_resume_entropy) + " bytes");
+    resume.entropy = std::move(*entropy);
+    return resume;
+}
+
 } // namespace
 
 Request parse_request(std::string_view line)
@@ -170,6 +187,8 @@ Request parse_request(std::string_view line)
             request.op = ReadFileRequest{require_string(object, "path")};
         else if (op == "close")
             request.op = CloseRequest{};
+        else if (op == "resume")
+            request.op = parse_resume(object);
         else
             throw CallError("unknown_op", "unknown op \"" + op + "\"");
     } catch (CallError& e) {

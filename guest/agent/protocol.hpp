@@ -68,9 +68,20 @@ struct ReadFileRequest {
 
 struct CloseRequest {};
 
+// The VM was resumed from a snapshot: the guest clock is set to the host's and the kernel's
+// random-number generator is reseeded with host entropy, so clones of one snapshot neither
+// live in the past nor share their "random" numbers.
+struct ResumeRequest {
+    uint64_t time_ns = 0;  // host CLOCK_REALTIME, nanoseconds since the epoch
+    std::string entropy;   // 16-512 bytes from the host's CSPRNG
+};
+
+constexpr size_t min_resume_entropy = 16;
+constexpr size_t max_resume_entropy = 512;
+
 struct Request {
     Json id;
-    std::variant<ExecRequest, ShellRequest, WriteFileRequest, ReadFileRequest, CloseRequest> op;
+    std::variant<ExecRequest, ShellRequest, WriteFileRequest, ReadFileRequest, CloseRequest, ResumeRequest> op;
 };
 
 // A line that cannot become a Request: the error plus whatever id could be recovered

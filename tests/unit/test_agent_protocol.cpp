@@ -229,6 +229,23 @@ TEST_CASE("malformed requests get the documented error codes")
     CHECK(error_code_of(R"({"id":1,"op":"read_file"})") == "missing_field");
 }
 
+TEST_CASE("resume requests carry the host time and 16-512 bytes of entropy")
+{
+    const Request r = parse_request(
+        R"({"id":"r","op":"resume","time_ns":1764412345123456789,"entropy_b64":"AAECAwQFBgcICQoLDA0ODw=="})");
+    const auto& resume = std::get<ResumeRequest>(r.op);
+    CHECK(resume.time_ns == 1764412345123456789u);
+    CHECK(resume.entropy.size() == 16);
+    CHECK(resume.entropy[15] == '\x0f');
+    CHECK(error_code_of(R"({"id":1,"op":"resume","entropy":"0123456789abcdef"})") == "missing_field");
+    CHECK(error_code_of(R"({"id":1,"op":"resume","time_ns":1})") == "missing_field");
+    CHECK(error_code_of(R"({"id":1,"op":"resume","time_ns":-1,"entropy":"0123456789abcdef"})") == "bad_field");
+    CHECK(error_code_of(R"({"id":1,"op":"resume","time_ns":1.5,"entropy":"0123456789abcdef"})") == "bad_field");
+    CHECK(error_code_of(R"({"id":1,"op":"resume","time_ns":1,"entropy":"short"})") == "bad_field");
+    CHECK(error_code_of(R"({"id":1,"op":"resume","time_ns":1,"entropy":")" + std::string(513, 'x') + "\"}")
+          == "bad_field");
+}
+
 TEST_CASE("errors carry the request id once one could be read")
 {
     CHECK(id_of_error("garbage").is_null());

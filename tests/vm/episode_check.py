@@ -6,6 +6,7 @@ Runs each scenario (all by default) and prints "ok <scenario>: <what was seen>" 
 "FAIL <scenario>: <why>" for each; exits non-zero if any failed. Scenarios that need a
 fresh VM start their own episode; the rest share one.
 """
+import base64
 import hashlib
 import os
 import sys
@@ -82,7 +83,7 @@ def big_file(ep):
     chunk = 4 << 20
     data = hashlib.sha256(b"seed").digest() * (64 * (1 << 20) // 32)
     path = "/root/big.bin"
-    ids = [ep.send({"op": "write_file", "path": path, "data_b64": __import__("base64").b64encode(
+    ids = [ep.send({"op": "write_file", "path": path, "data_b64": base64.b64encode(
         data[off:off + chunk]).decode(), "append": off > 0}) for off in range(0, len(data), chunk)]
     for call_id in ids:
         _, r = ep.result(call_id)
@@ -147,6 +148,20 @@ def shell_state(ep):
     r = ep.call({"op": "shell", "cmd": "echo $PWD $MARK; pgrep -x sleep | wc -l"})
     expect(field(r, "stdout") == b"/root/w kept\n1\n", f"state not kept: {r.get('stdout')!r}")
     return "cd, export and a background process carried to the next call"
+
+
+def resume(ep):
+    """The resume call sets the guest clock to the time given and reseeds its RNG."""
+    ahead = int(time.time()) + 86400  # a day ahead: unmistakably the value we sent
+    r = ep.call({"op": "resume", "time_ns": ahead * 10**9,
+                 "entropy_b64": base64.b64encode(os.urandom(64)).decode()})
+    expect(r.get("ok") is True, f"resume: {r}")
+    r = exec_ok(ep, ["date", "+%s"])
+    guest = int(field(r, "stdout"))
+    expect(ahead <= guest < ahead + 600, f"guest clock {guest}, sent {ahead}")
+    r = ep.call({"op": "resume", "time_ns": 1, "entropy": "too short"})
+    expect(r.get("error", {}).get("code") == "bad_field", f"short entropy: {r}")
+    return "guest clock set to the time sent; RNG reseeded (RNDADDENTROPY + RNDRESEEDCRNG accepted)"
 
 
 def fresh_episode():
@@ -233,7 +248,7 @@ def vm_dies():
 
 
 SHARED = [basics, sequential, concurrent, big_file, capped_output, timeout_kills_group,
-          malformed_lines, shell_state]
+          malformed_lines, shell_state, resume]
 OWN = [fresh_episode, eof_answers_pipelined, close_op, agent_killed, vm_dies]
 
 

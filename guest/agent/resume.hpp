@@ -1,0 +1,13 @@
+// The resume call: after a snapshot restore the guest's clock still shows the moment of the
+// snapshot and its random-number generator holds the same state as every other clone. The
+// host sends its time and fresh entropy; this puts both into the guest kernel.
+#pragma once
+
+#include "guest/agent/protocol.hpp"
+
+namespace agentvm {
+
+// Throws CallError(io) naming what failed.
+void resume_guest(const ResumeRequest& request);
+
+} // namespace agentvm
