@@ -18,8 +18,10 @@ LoopTimer::LoopTimer(EventLoop& loop, std::function<void()> on_expiry)
     loop_.watch_readable(fd_.get(), [this] {
         uint64_t expirations = 0;
         // Nothing to read means the timer was re-armed or cancelled after it fired.
-        if (::read(fd_.get(), &expirations, sizeof expirations) == sizeof expirations)
+        if (::read(fd_.get(), &expirations, sizeof expirations) == sizeof expirations) {
+            armed_ = false;
             on_expiry_();
+        }
     });
 }
 
@@ -37,10 +39,14 @@ void LoopTimer::arm(std::chrono::nanoseconds after)
     spec.it_value.tv_nsec = ns % 1'000'000'000;
     if (::timerfd_settime(fd_.get(), 0, &spec, nullptr) != 0)
         throw_errno("timerfd_settime");
+    armed_ = true;
 }
 
 void LoopTimer::cancel()
 {
+    if (!armed_)
+        return;
+    armed_ = false;
     const itimerspec zero{};
     if (::timerfd_settime(fd_.get(), 0, &zero, nullptr) != 0)
         throw_errno("timerfd_settime");

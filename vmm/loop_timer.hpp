@@ -25,6 +25,7 @@ private:
     EventLoop& loop_;
     Fd fd_;
     std::function<void()> on_expiry_;
+    bool armed_ = false;  // spares a syscall per cancel() of an idle timer (every tool call)
 };
 
 } // namespace agentvm
