@@ -1,11 +1,16 @@
 #include "cli/agent_link.hpp"
 
+#include <sys/random.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cerrno>
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
+
+#include "guest/agent/protocol.hpp"
+#include "vmm/error.hpp"
 
 namespace agentvm {
 namespace {
@@ -14,12 +19,14 @@ namespace {
 constexpr auto retry_interval = std::chrono::milliseconds(5);
 // "OK 1073741824\n" and some slack; anything longer is not the handshake.
 constexpr size_t max_handshake = 32;
+// {"id":"agentvm-resume","ok":true}, or an error with its message.
+constexpr size_t max_resume_answer = 4096;
 
 } // namespace
 
-AgentLink::AgentLink(Vm& vm, std::chrono::milliseconds deadline, Connected on_connected,
+AgentLink::AgentLink(Vm& vm, std::chrono::milliseconds deadline, bool resume, Connected on_connected,
                      Failed on_failed)
-    : vm_(vm), deadline_(deadline), on_connected_(std::move(on_connected)),
+    : vm_(vm), deadline_(deadline), resume_(resume), on_connected_(std::move(on_connected)),
       on_failed_(std::move(on_failed)), retry_(vm.event_loop(), [this] { attempt(); }),
       give_up_(vm.event_loop(), [this] {
           if (done_)
@@ -75,15 +82,69 @@ void AgentLink::read_handshake()
     vm_.event_loop().unwatch(socket_.get());
     if (n == 1 && byte == '\n' && handshake_.starts_with("OK ")) {
         spdlog::debug("agent reachable after {} tries", attempts_);
-        done_ = true;
-        retry_.cancel();
-        give_up_.cancel();
-        on_connected_(std::move(socket_));
+        if (!resume_) {
+            connected();
+            return;
+        }
+        send_resume();
         return;
     }
     // Refused (end-of-file): the guest is not listening yet.
     socket_.reset();
     retry_.arm(retry_interval);
+}
+
+void AgentLink::send_resume()
+{
+    timespec now{};
+    ::clock_gettime(CLOCK_REALTIME, &now);
+    std::string entropy(64, '\0');
+    if (::getrandom(entropy.data(), entropy.size(), 0) != static_cast<ssize_t>(entropy.size()))
+        throw_errno("getrandom for the restored guest's entropy");
+    Json request{{"id", "agentvm-resume"}, {"op", "resume"},
+                 {"time_ns", static_cast<uint64_t>(now.tv_sec) * 1'000'000'000 + static_cast<uint64_t>(now.tv_nsec)}};
+    put_bytes(request, "entropy", entropy);
+    const std::string line = to_line(request);
+    // A few hundred bytes into a fresh socket's empty buffer: written whole at once.
+    if (::write(socket_.get(), line.data(), line.size()) != static_cast<ssize_t>(line.size()))
+        throw_errno("sending the resume call to the guest agent");
+    handshake_.clear();
+    vm_.event_loop().watch_readable(socket_.get(), [this] { read_resume_answer(); });
+}
+
+void AgentLink::read_resume_answer()
+{
+    char byte = 0;
+    ssize_t n = 0;
+    while ((n = ::read(socket_.get(), &byte, 1)) == 1 && byte != '\n' && handshake_.size() < max_resume_answer)
+        handshake_.push_back(byte);
+    if (n < 0 && (errno == EAGAIN || errno == EINTR))
+        return;
+    vm_.event_loop().unwatch(socket_.get());
+    if (n == 0 && handshake_.empty()) {
+        // The transport reset that a restore sends the guest can overtake this connection
+        // and drop it: connect again, as for a refusal.
+        socket_.reset();
+        retry_.arm(retry_interval);
+        return;
+    }
+    const Json answer = Json::parse(handshake_, nullptr, false);
+    if (n == 1 && byte == '\n' && answer.is_object() && answer.value("ok", false)) {
+        connected();
+        return;
+    }
+    done_ = true;
+    give_up_.cancel();
+    socket_.reset();
+    on_failed_("the restored guest's agent did not take the resume call (clock, entropy): " + handshake_);
+}
+
+void AgentLink::connected()
+{
+    done_ = true;
+    retry_.cancel();
+    give_up_.cancel();
+    on_connected_(std::move(socket_));
 }
 
 } // namespace agentvm

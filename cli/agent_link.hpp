@@ -20,7 +20,10 @@ public:
     using Connected = std::function<void(Fd socket)>;
     using Failed = std::function<void(const std::string& why)>;
 
-    AgentLink(Vm& vm, std::chrono::milliseconds deadline, Connected on_connected, Failed on_failed);
+    // resume: the VM was restored from a snapshot, so the link first sends the agent the
+    // `resume` call (host time, fresh entropy) and hands the socket over once it answered.
+    AgentLink(Vm& vm, std::chrono::milliseconds deadline, bool resume, Connected on_connected,
+              Failed on_failed);
     AgentLink(const AgentLink&) = delete;
     AgentLink& operator=(const AgentLink&) = delete;
 
@@ -32,9 +35,13 @@ public:
 private:
     void attempt();
     void read_handshake();
+    void send_resume();
+    void read_resume_answer();
+    void connected();
 
     Vm& vm_;
     std::chrono::milliseconds deadline_;
+    bool resume_;
     Connected on_connected_;
     Failed on_failed_;
     LoopTimer retry_;

@@ -4,6 +4,7 @@
 
 #include "vmm/error.hpp"
 #include "vmm/host_check.hpp"
+#include "vmm/snapshot.hpp"
 
 namespace agentvm {
 namespace {
@@ -27,11 +28,28 @@ AgentVm::AgentVm(VmOptions& options, std::chrono::milliseconds boot_timeout)
     : boot_timeout_(boot_timeout)
 {
     VmConfig config = checked_config(options);
+    const std::optional<std::string> snapshot = options.snapshot_dir();
     kvm_.emplace();
+    std::optional<LoadedSnapshot> loaded;
+    if (snapshot) {
+        if (!options.given("--cpus"))
+            config.vcpus = 0;
+        if (!options.given("--mem"))
+            config.mem_mib = 0;
+        loaded.emplace(load_snapshot(*kvm_, *snapshot, std::move(config)));
+        spdlog::debug("restoring from snapshot '{}'", *snapshot);
+    }
     // The console file is created only once nothing else can fail before the VM exists.
-    config.console_fd = options.open_console();
+    const int console_fd = options.open_console();
     try {
-        vm_.emplace(*kvm_, config);
+        if (loaded) {
+            loaded->config.console_fd = console_fd;
+            vm_.emplace(*kvm_, loaded->config, std::move(loaded->data));
+            restored_ = true;
+        } else {
+            config.console_fd = console_fd;
+            vm_.emplace(*kvm_, config);
+        }
     } catch (...) {
         options.discard_console();
         throw;
@@ -42,7 +60,7 @@ AgentVm::AgentVm(VmOptions& options, std::chrono::milliseconds boot_timeout)
 VmResult AgentVm::run(std::function<void(Fd agent)> on_connected, std::function<void()> on_stopping)
 {
     signals_.watch(*vm_);
-    link_.emplace(*vm_, boot_timeout_, std::move(on_connected), [this](const std::string& why) { fail(why); });
+    link_.emplace(*vm_, boot_timeout_, restored_, std::move(on_connected), [this](const std::string& why) { fail(why); });
     vm_->on_stopping([this, on_stopping = std::move(on_stopping)] {
         link_->cancel();
         on_stopping();

@@ -17,13 +17,15 @@ namespace agentvm {
 
 class AgentVm {
 public:
-    // Checks the options and the host, then builds the VM. Throws Error naming the problem;
-    // nothing has run and nothing is left behind then.
+    // Checks the options and the host, then builds the VM, restored from a snapshot where
+    // the options say so (VmOptions::snapshot_dir). Throws Error naming the problem; nothing
+    // has run and nothing is left behind then.
     AgentVm(VmOptions& options, std::chrono::milliseconds boot_timeout);
     AgentVm(const AgentVm&) = delete;
     AgentVm& operator=(const AgentVm&) = delete;
 
     Vm& vm() { return *vm_; }
+    const Kvm& kvm() const { return *kvm_; }
 
     // Runs the VM until it stops. on_connected gets the agent's socket once it answers (on
     // the loop's thread); on_stopping runs when the loop is about to stop (Vm::on_stopping).
@@ -46,6 +48,7 @@ private:
     std::optional<AgentLink> link_;
     std::optional<LoopTimer> grace_;
     std::chrono::milliseconds boot_timeout_;
+    bool restored_ = false;
 };
 
 } // namespace agentvm

@@ -11,6 +11,7 @@
 #include "cli/exit_codes.hpp"
 #include "cli/logging.hpp"
 #include "cli/run_command.hpp"
+#include "cli/snapshot_command.hpp"
 #include "vmm/error.hpp"
 
 namespace {
@@ -42,6 +43,7 @@ int main(int argc, char** argv)
         agentvm::add_run_command(app),
         agentvm::add_episode_command(app),
         agentvm::add_boot_command(app),
+        agentvm::add_snapshot_command(app),
     };
 
     try {

@@ -51,6 +51,7 @@ VmOptions::VmOptions(VmRole role) : role_(role), console_(role == VmRole::boot ?
 
 void VmOptions::add_to(CLI::App& command)
 {
+    command_ = &command;
     command.add_option("--kernel", kernel_, "guest kernel: vmlinux ELF or bzImage (default: the one set-up built)");
     command.add_option("--rootfs", rootfs_, "root filesystem image, opened read-only (default: the one set-up built)");
     command.add_option("--cpus", cpus_, "number of vCPUs")->capture_default_str();
@@ -63,6 +64,11 @@ void VmOptions::add_to(CLI::App& command)
                        "guest port; the guest reaches host port P at <path>_P");
     auto* console = command.add_option(
         "--console", console_, "where the guest serial console goes: a file path, or - for stderr");
+    if (role_ == VmRole::agent) {
+        command.add_option("--snapshot", snapshot_,
+                           "restore from this snapshot (agentvm snapshot bake) instead of booting");
+        command.add_flag("--cold", cold_, "boot, even where set-up's default snapshot exists");
+    }
     if (role_ == VmRole::boot)
         console->capture_default_str();
     else
@@ -89,7 +95,7 @@ VmConfig VmOptions::resolve()
     config.mem_mib = mem_mib_;
     config.extra_cmdline = cmdline_;
     config.init_cmd = init_cmd_;
-    config.serve_agent_only = role_ == VmRole::agent;
+    config.serve_agent_only = role_ != VmRole::boot;
     if (!vsock_uds_.empty())
         config.vsock_uds = vsock_uds_;
 
@@ -102,6 +108,24 @@ VmConfig VmOptions::resolve()
     const char* tmpdir = std::getenv("TMPDIR");
     config.overlay_dir = tmpdir && *tmpdir ? tmpdir : "/var/tmp";
     return config;
+}
+
+std::optional<std::string> VmOptions::snapshot_dir() const
+{
+    if (role_ != VmRole::agent)
+        return std::nullopt;
+    if (!snapshot_.empty()) {
+        if (cold_)
+            throw Error("--snapshot and --cold contradict each other");
+        return snapshot_;
+    }
+    for (const char* flag : {"--cold", "--kernel", "--rootfs", "--cmdline", "--cpus", "--mem"})
+        if (command_->count(flag) > 0)
+            return std::nullopt;
+    const std::string baked = default_guest_file("snapshot");
+    if (!std::filesystem::exists(baked + "/manifest.json"))
+        return std::nullopt;
+    return baked;
 }
 
 int VmOptions::open_console()

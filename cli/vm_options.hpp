@@ -15,8 +15,9 @@ namespace agentvm {
 
 // boot: the guest runs --init-cmd or a console shell, and the console goes to stderr.
 // agent: the guest only serves tool calls (run, episode), and the console is dropped unless
-// --console asks for it, so the command's own output stays clean.
-enum class VmRole { boot, agent };
+// --console asks for it, so the command's own output stays clean; may restore a snapshot.
+// bake: as agent, but always boots (it makes the snapshot).
+enum class VmRole { boot, agent, bake };
 
 class VmOptions {
 public:
@@ -26,6 +27,13 @@ public:
     // Checks files, sizes and counts against this host. Throws Error. The console is left
     // unset: it is opened last, once nothing else can fail first.
     VmConfig resolve();
+    // agent role: the snapshot to restore from: --snapshot, or else set-up's default snapshot
+    // (<agentvm dir>/guest/snapshot) when it exists and nothing asks for a cold boot (--cold,
+    // or --kernel, --rootfs, --cmdline, --cpus or --mem, which a snapshot has fixed).
+    std::optional<std::string> snapshot_dir() const;
+    // Whether the user gave `flag` (so a snapshot's own value must match it).
+    bool given(const char* flag) const { return command_ && command_->count(flag) > 0; }
+
     // Opens --console (a file, or stderr for "-") and returns the fd to write the console to,
     // or -1 when it is dropped.
     int open_console();
@@ -42,6 +50,9 @@ private:
     std::optional<std::string> init_cmd_;
     std::string console_;
     std::string vsock_uds_;
+    std::string snapshot_;
+    bool cold_ = false;
+    CLI::App* command_ = nullptr;
     Fd console_fd_;
     bool console_created_ = false;
 };

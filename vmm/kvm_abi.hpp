@@ -3,6 +3,7 @@
 // Debian 12's 6.1 UAPI headers declare those arrays with __DECLARE_FLEX_ARRAY, which in C++
 // wraps them in a union with an empty struct: sizeof(kvm_cpuid2) becomes 12 instead of 8, so
 // the _IOWR()-derived request numbers no longer match the kernel's and KVM answers EINVAL.
+// The same goes for kvm_msrs, kvm_msr_list and kvm_xsave (4100 bytes instead of 4096).
 // Here the headers are declared with their C layout and the request numbers derived from
 // them, checked against the values the kernel defines.
 #pragma once
@@ -26,6 +27,14 @@ struct MsrsHeader {
     uint32_t nmsrs;
     uint32_t pad;
 };
+struct MsrListHeader {
+    uint32_t nmsrs;
+};
+// struct kvm_xsave without its flexible tail: the legacy 4 KiB area. Larger areas
+// (KVM_CAP_XSAVE2) are passed as longer buffers with the same request numbers.
+struct XsaveRegion {
+    uint32_t region[1024];
+};
 
 inline constexpr unsigned long get_supported_cpuid = _IOWR(KVMIO, 0x05, CpuidHeader);
 inline constexpr unsigned long set_cpuid2 = _IOW(KVMIO, 0x90, CpuidHeader);
@@ -33,6 +42,13 @@ inline constexpr unsigned long get_msrs = _IOWR(KVMIO, 0x88, MsrsHeader);
 inline constexpr unsigned long set_msrs = _IOW(KVMIO, 0x89, MsrsHeader);
 static_assert(get_supported_cpuid == 0xc008ae05 && set_cpuid2 == 0x4008ae90);
 static_assert(get_msrs == 0xc008ae88 && set_msrs == 0x4008ae89);
+inline constexpr unsigned long get_cpuid2 = _IOWR(KVMIO, 0x91, CpuidHeader);
+inline constexpr unsigned long get_msr_index_list = _IOWR(KVMIO, 0x02, MsrListHeader);
+static_assert(get_cpuid2 == 0xc008ae91 && get_msr_index_list == 0xc004ae02);
+inline constexpr unsigned long get_xsave = _IOR(KVMIO, 0xa4, XsaveRegion);
+inline constexpr unsigned long set_xsave = _IOW(KVMIO, 0xa5, XsaveRegion);
+inline constexpr unsigned long get_xsave2 = _IOR(KVMIO, 0xcf, XsaveRegion);
+static_assert(get_xsave == 0x9000aea4 && set_xsave == 0x5000aea5 && get_xsave2 == 0x9000aecf);
 
 // A header followed by `count` entries, laid out as the kernel expects.
 template <typename Header, typename Entry>
@@ -58,5 +74,6 @@ private:
 
 using CpuidArray = FlexArray<CpuidHeader, kvm_cpuid_entry2>;
 using MsrArray = FlexArray<MsrsHeader, kvm_msr_entry>;
+using MsrIndexArray = FlexArray<MsrListHeader, uint32_t>;
 
 } // namespace agentvm::kvm_abi

@@ -23,6 +23,8 @@ public:
     Vcpu& operator=(const Vcpu&) = delete;
 
     uint32_t index() const { return index_; }
+    // For the snapshot state ioctls (vcpu_state.hpp); only while no thread runs the vCPU.
+    int fd() const { return fd_.get(); }
 
     void set_cpuid(const std::vector<kvm_cpuid_entry2>& entries);
     void set_msrs(const std::vector<std::pair<uint32_t, uint64_t>>& msrs);

@@ -11,6 +11,7 @@
 
 #include "devices/cow_disk.hpp"
 #include "devices/serial.hpp"
+#include "devices/state_json.hpp"
 #include "devices/virtio_blk.hpp"
 #include "devices/virtio_vsock.hpp"
 #include "vmm/boot.hpp"
@@ -18,7 +19,11 @@
 #include "vmm/error.hpp"
 #include "vmm/layout.hpp"
 #include "vmm/mptable.hpp"
+#include "vmm/kvm_state_json.hpp"
+#include "vmm/sparse_copy.hpp"
+#include "vmm/vcpu_state.hpp"
 #include "vmm/virtio_slot.hpp"
+#include "vmm/vm_kvm_state.hpp"
 #include "vmm/vsock_host.hpp"
 
 namespace agentvm {
@@ -60,14 +65,23 @@ void vm_ioctl(int fd, unsigned long request, const void* arg, const char* what)
 
 } // namespace
 
-Vm::Vm(const Kvm& kvm, const VmConfig& config)
-    : kvm_(kvm), config_(config), vm_(kvm.create_vm()), mem_(config.mem_mib * layout::mib)
+Vm::Vm(const Kvm& kvm, const VmConfig& config, GuestMemory mem)
+    : kvm_(kvm), config_(config), vm_(kvm.create_vm()), mem_(std::move(mem))
 {
     install_kick_handler();
     if (config.vcpus == 0 || config.vcpus > std::min<uint32_t>(kvm.max_vcpus(), 254))
         throw Error(fmt::format("--cpus {} is out of range: this host's KVM allows 1 to {} vCPUs",
                                 config.vcpus, std::min<uint32_t>(kvm.max_vcpus(), 254)));
+    create_irqchip();
+    map_memory();
+    add_serial(config.console_fd);
+    if (config.rootfs_path)
+        device_params_ = add_root_disk(*config.rootfs_path, config.overlay_dir) + " ";
+    device_params_ += add_vsock(config.vsock_uds);
+}
 
+Vm::Vm(const Kvm& kvm, const VmConfig& config) : Vm(kvm, config, GuestMemory(config.mem_mib * layout::mib))
+{
     const auto kernel_image = read_kernel_file(config.kernel_path);
     const uint64_t needed = minimum_ram_for(kernel_image);
     if (config.mem_mib * layout::mib < needed)
@@ -75,19 +89,22 @@ Vm::Vm(const Kvm& kvm, const VmConfig& config)
                                 config.mem_mib, config.kernel_path,
                                 (needed + layout::mib - 1) / layout::mib));
 
-    create_irqchip();
-    map_memory();
-    add_serial(config.console_fd);
-    std::string device_params;
-    if (config.rootfs_path)
-        device_params = add_root_disk(*config.rootfs_path, config.overlay_dir) + " ";
-    device_params += add_vsock(config.vsock_uds);
-
     const LoadedKernel kernel = load_kernel(mem_, kernel_image);
-    cmdline_ = guest_cmdline(config, device_params);
+    cmdline_ = guest_cmdline(config, device_params_);
     write_boot_data(mem_, kernel, cmdline_);
     write_mptable(mem_, config.vcpus);
     create_vcpus(kernel);
+}
+
+Vm::Vm(const Kvm& kvm, const VmConfig& config, VmSnapshotData snapshot)
+    : Vm(kvm, config, GuestMemory::from_snapshot(std::move(snapshot.memory), config.mem_mib * layout::mib,
+                                                 "snapshot memory"))
+{
+    try {
+        restore_state(snapshot.state, snapshot.disk.get());
+    } catch (const nlohmann::json::exception& e) {
+        throw Error(fmt::format("snapshot: malformed state: {}", e.what()));
+    }
 }
 
 // run() joins every thread it starts before returning, so nothing runs by now.
@@ -176,6 +193,77 @@ Fd Vm::connect_vsock(uint32_t port)
     return vsock_host_->connect_internal(port);
 }
 
+nlohmann::json Vm::save_state() const
+{
+    nlohmann::json vcpus = nlohmann::json::array();
+    for (const auto& vcpu : vcpus_)
+        vcpus.push_back(vcpu_state_to_json(save_vcpu_state(kvm_, vcpu->fd())));
+    nlohmann::json state;
+    state["vcpus"] = std::move(vcpus);
+    state["vm"] = vm_kvm_state_to_json(save_vm_kvm_state(vm_.get()));
+    state["serial"] = serial_->save();
+    if (blk_)
+        state["blk"] = {{"device", blk_->save()}, {"transport", blk_slot_->transport().save()}};
+    state["vsock"] = {{"device", vsock_->save()}, {"transport", vsock_slot_->transport().save()}};
+    return state;
+}
+
+void Vm::save_memory(int fd) const
+{
+    mem_.save_to(fd);
+}
+
+void Vm::save_disk(int fd) const
+{
+    if (blk_)
+        copy_data_extents(blk_->disk().overlay_fd(), fd, "the disk overlay into the snapshot");
+}
+
+void Vm::restore_state(const nlohmann::json& state, int disk_fd)
+{
+    // Everything is decoded and checked before KVM or a device sees any of it.
+    const nlohmann::json& vcpu_docs = state.at("vcpus");
+    if (!vcpu_docs.is_array() || vcpu_docs.size() != config_.vcpus)
+        throw Error(fmt::format("snapshot: vcpus: {} saved, the snapshot records {}",
+                                vcpu_docs.is_array() ? vcpu_docs.size() : 0, config_.vcpus));
+    std::vector<VcpuState> vcpu_states;
+    for (const auto& doc : vcpu_docs)
+        vcpu_states.push_back(vcpu_state_from_json(doc));
+    const VmKvmState vm_state = vm_kvm_state_from_json(state.at("vm"));
+    const auto serial = state_from_json<Serial::State>(state.at("serial"), "serial");
+    if (state.contains("blk") != static_cast<bool>(blk_))
+        throw Error("snapshot: blk: the snapshot and this VM disagree on having a root disk");
+    const auto vsock = state_from_json<VirtioVsock::State>(state.at("vsock").at("device"), "vsock.device");
+    const auto vsock_transport = state_from_json<VirtioMmioTransport::State>(
+        state.at("vsock").at("transport"), "vsock.transport");
+
+    serial_->restore(serial);
+    if (blk_) {
+        const auto blk = state_from_json<VirtioBlk::State>(state.at("blk").at("device"), "blk.device");
+        const auto blk_transport = state_from_json<VirtioMmioTransport::State>(
+            state.at("blk").at("transport"), "blk.transport");
+        // The sectors the guest had written live in the snapshot's disk file; this VM's own
+        // overlay starts as a copy, so the snapshot stays as it was for every other clone.
+        copy_data_extents(disk_fd, blk_->disk().overlay_fd(), "the snapshot's disk into the overlay");
+        blk_->restore(blk);
+        blk_slot_->transport().restore(blk_transport);
+    }
+    // Each device before its transport (see VirtioVsock::restore).
+    vsock_->restore(vsock);
+    vsock_slot_->transport().restore(vsock_transport);
+
+    // KVM: vCPUs first, then the VM-wide state (see restore_vm_kvm_state for why).
+    for (uint32_t i = 0; i < config_.vcpus; ++i) {
+        auto vcpu = std::make_unique<Vcpu>(kvm_, vm_.get(), i);
+        restore_vcpu_state(kvm_, vcpu->fd(), vcpu_states[i]);
+        vcpus_.push_back(std::move(vcpu));
+    }
+    restore_vm_kvm_state(vm_.get(), vm_state);
+
+    // Host streams did not survive: the guest must drop its connections too, and reconnect.
+    vsock_->send_transport_reset();
+}
+
 void Vm::console_input(std::span<const uint8_t> bytes)
 {
     serial_->push_input(bytes);
@@ -223,6 +311,10 @@ void Vm::vcpu_loop(Vcpu& vcpu)
                 break;
             }
         }
+        // KVM finishes an I/O or MMIO instruction only on the next entry: enter once more
+        // with an exit already requested, so the vCPU's state is whole for a snapshot.
+        vcpu.request_exit();
+        vcpu.run();
     } catch (const std::exception& e) {
         stop(VmOutcome::failed, fmt::format("vCPU {}: {}", vcpu.index(), e.what()));
     }

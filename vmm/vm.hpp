@@ -13,6 +13,8 @@
 #include <thread>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "vmm/boot.hpp"
 #include "vmm/bus.hpp"
 #include "vmm/event_loop.hpp"
@@ -43,11 +45,23 @@ struct VmResult {
     std::string detail;
 };
 
+// What a VM resumes from (see vmm/snapshot.hpp for the files): the state document (vCPUs,
+// VM-wide KVM state, devices) and the files with guest memory and the disk's written sectors.
+struct VmSnapshotData {
+    nlohmann::json state;
+    Fd memory;
+    Fd disk;
+};
+
 class Vm {
 public:
     // Builds the whole VM; throws Error naming the first problem (bad kernel, too little
     // memory, missing rootfs, KVM failure). Nothing is left behind on failure.
     Vm(const Kvm& kvm, const VmConfig& config);
+    // Builds the VM as the snapshot left it, ready to run on. config gives the rootfs, the
+    // console and the vsock socket, and must name the vCPU count and memory size the snapshot
+    // records. Throws Error for a state that does not fit (nothing is left behind).
+    Vm(const Kvm& kvm, const VmConfig& config, VmSnapshotData snapshot);
     ~Vm();
     Vm(const Vm&) = delete;
     Vm& operator=(const Vm&) = delete;
@@ -72,17 +86,27 @@ public:
     // A host connection to the guest's vsock port (see VsockHost::connect_internal). On the
     // I/O loop's thread, or before run().
     Fd connect_vsock(uint32_t port);
+    // After run() has returned (every vCPU stopped with its last exit completed, device I/O
+    // drained): the state document of a snapshot, and the files it refers to.
+    nlohmann::json save_state() const;
+    void save_memory(int fd) const;
+    void save_disk(int fd) const;
+
     // Bytes typed at the guest's serial console. Called on the I/O loop's thread.
     void console_input(std::span<const uint8_t> bytes);
     const std::string& cmdline() const { return cmdline_; }
+    const VmConfig& config() const { return config_; }
 
 private:
+    // What booting and restoring share: the VM, its memory and its devices, not yet the vCPUs.
+    Vm(const Kvm& kvm, const VmConfig& config, GuestMemory mem);
     void create_irqchip();
     void map_memory();
     void add_serial(int console_fd);
     std::string add_root_disk(const std::string& path, const std::string& overlay_dir);
     std::string add_vsock(const std::optional<std::string>& uds_path);
     void create_vcpus(const LoadedKernel& kernel);
+    void restore_state(const nlohmann::json& state, int disk_fd);
     void vcpu_loop(Vcpu& vcpu);
     void kick_vcpus();  // only from the thread in run()
 
@@ -99,6 +123,7 @@ private:
     std::unique_ptr<VsockHost> vsock_host_;  // before vsock_: the device calls back into it
     std::unique_ptr<VirtioVsock> vsock_;
     std::unique_ptr<VirtioSlot> vsock_slot_;
+    std::string device_params_;
     std::string cmdline_;
     std::vector<std::unique_ptr<Vcpu>> vcpus_;
     std::vector<std::thread> threads_;

@@ -1,0 +1,114 @@
+#include "vmm/file_digest.hpp"
+
+#include <openssl/evp.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <algorithm>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "vmm/error.hpp"
+
+namespace agentvm {
+namespace {
+
+class Sha256 {
+public:
+    Sha256() : ctx_(EVP_MD_CTX_new(), EVP_MD_CTX_free)
+    {
+        if (!ctx_ || EVP_DigestInit_ex(ctx_.get(), EVP_sha256(), nullptr) != 1)
+            throw Error("SHA-256: cannot initialise OpenSSL's digest");
+    }
+    void update(const void* data, size_t len)
+    {
+        if (EVP_DigestUpdate(ctx_.get(), data, len) != 1)
+            throw Error("SHA-256: digest update failed");
+    }
+    template <typename T>
+    void update_value(T value)
+    {
+        update(&value, sizeof value);
+    }
+    std::string hex()
+    {
+        unsigned char digest[EVP_MAX_MD_SIZE];
+        unsigned int len = 0;
+        if (EVP_DigestFinal_ex(ctx_.get(), digest, &len) != 1)
+            throw Error("SHA-256: digest final failed");
+        std::string text;
+        for (unsigned int i = 0; i < len; ++i)
+            text += fmt::format("{:02x}", digest[i]);
+        return text;
+    }
+
+private:
+    std::unique_ptr<EVP_MD_CTX, decltype(&EVP_MD_CTX_free)> ctx_;
+};
+
+} // namespace
+
+std::string sha256_hex(std::span<const uint8_t> bytes)
+{
+    Sha256 sha;
+    sha.update(bytes.data(), bytes.size());
+    return sha.hex();
+}
+
+std::string content_digest(int fd, const std::string& name)
+{
+    constexpr uint64_t page = 4096;
+    constexpr uint64_t chunk = 256 * page;
+    const FileStamp stamp = file_stamp(fd, name);
+    Sha256 sha;
+    std::vector<uint8_t> buffer(chunk);
+    const std::vector<uint8_t> zeros(page, 0);
+    uint64_t offset = 0;
+    while (offset < stamp.size) {
+        const off_t data = ::lseek(fd, static_cast<off_t>(offset), SEEK_DATA);
+        if (data < 0 && errno == ENXIO)
+            break;
+        if (data < 0)
+            throw_errno(fmt::format("reading '{}' (SEEK_DATA)", name));
+        const off_t hole = ::lseek(fd, data, SEEK_HOLE);
+        if (hole < 0)
+            throw_errno(fmt::format("reading '{}' (SEEK_HOLE)", name));
+        // Extents start and end on page boundaries (or at the end of the file).
+        for (uint64_t at = static_cast<uint64_t>(data); at < static_cast<uint64_t>(hole);) {
+            const size_t want = static_cast<size_t>(std::min<uint64_t>(static_cast<uint64_t>(hole) - at, chunk));
+            const ssize_t n = ::pread(fd, buffer.data(), want, static_cast<off_t>(at));
+            if (n < 0 && errno == EINTR)
+                continue;
+            if (n <= 0)
+                throw_errno(fmt::format("reading '{}'", name), n == 0 ? EIO : errno);
+            // Fixed-size records, (offset, page), so no two contents encode alike.
+            for (size_t p = 0; p < static_cast<size_t>(n); p += page) {
+                const size_t len = std::min<size_t>(page, static_cast<size_t>(n) - p);
+                if (std::memcmp(buffer.data() + p, zeros.data(), len) == 0)
+                    continue;
+                sha.update_value(at + p);
+                sha.update(buffer.data() + p, len);
+            }
+            at += static_cast<uint64_t>(n);
+        }
+        offset = static_cast<uint64_t>(hole);
+    }
+    sha.update_value(stamp.size);
+    return sha.hex();
+}
+
+FileStamp file_stamp(int fd, const std::string& name)
+{
+    struct stat st {};
+    if (::fstat(fd, &st) != 0)
+        throw_errno(fmt::format("stat '{}'", name));
+    return {static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino), static_cast<uint64_t>(st.st_size),
+            int64_t{st.st_mtim.tv_sec} * 1'000'000'000 + st.st_mtim.tv_nsec,
+            int64_t{st.st_ctim.tv_sec} * 1'000'000'000 + st.st_ctim.tv_nsec};
+}
+
+} // namespace agentvm
