@@ -143,6 +143,26 @@ bool CowDisk::in_range(uint64_t sector, uint64_t count) const
     return sector <= capacity_sectors_ && count <= capacity_sectors_ - sector;
 }
 
+std::vector<std::pair<uint64_t, uint64_t>> CowDisk::written_byte_ranges() const
+{
+    std::vector<std::pair<uint64_t, uint64_t>> ranges;
+    for (uint64_t s = 0; s < capacity_sectors_;) {
+        if (written_[s / 64] == 0 && s % 64 == 0) {
+            s += 64;
+            continue;
+        }
+        if (!is_written(s)) {
+            ++s;
+            continue;
+        }
+        const uint64_t start = s;
+        while (s < capacity_sectors_ && is_written(s))
+            ++s;
+        ranges.emplace_back(start * sector_size, (s - start) * sector_size);
+    }
+    return ranges;
+}
+
 bool CowDisk::is_written(uint64_t sector) const
 {
     return sector < capacity_sectors_ && (written_[sector / 64] >> (sector % 64)) & 1;

@@ -19,6 +19,7 @@
 #include <functional>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "vmm/event_loop.hpp"
@@ -67,6 +68,9 @@ public:
     // Records that the overlay now holds these sectors. Throws GuestError when out of range.
     void mark_written(uint64_t sector, uint64_t count);
     bool is_written(uint64_t sector) const;
+    // The written sectors as byte ranges [offset, offset+length) of the disk, in order: what
+    // a snapshot stores and a restore copies back into the overlay.
+    std::vector<std::pair<uint64_t, uint64_t>> written_byte_ranges() const;
 
     // Reads/writes sizeof(iov) bytes at `sector`. The iovec array is copied; the buffers must
     // stay valid until `done` runs on the loop thread. A write marks its sectors written only

@@ -1,5 +1,6 @@
 #include "vmm/kvm_state_json.hpp"
 
+#include <algorithm>
 #include <cstring>
 #include <limits>
 #include <optional>
@@ -136,7 +137,9 @@ std::vector<kvm_cpuid_entry2> cpuid_from_json(const Fields& fields)
         throw Error(fmt::format("{}: {} CPUID entries, more than {}", fields.what(),
                                 data.size() / entry, max_cpuid_entries));
     std::vector<kvm_cpuid_entry2> cpuid(data.size() / entry);
-    std::memcpy(cpuid.data(), data.data(), data.size());
+    // SAFETY: the vector holds exactly data.size() bytes of trivially copyable entries.
+    // std::copy, not memcpy, because an empty vector's data() may be null.
+    std::copy(data.begin(), data.end(), reinterpret_cast<uint8_t*>(cpuid.data()));
     return cpuid;
 }
 

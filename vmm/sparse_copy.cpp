@@ -1,6 +1,5 @@
 #include "vmm/sparse_copy.hpp"
 
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -51,26 +50,13 @@ uint64_t copy_range(int from, int to, off_t begin, off_t end, const std::string&
 
 } // namespace
 
-uint64_t copy_data_extents(int from, int to, const std::string& what)
+uint64_t copy_ranges(int from, int to, const std::vector<std::pair<uint64_t, uint64_t>>& ranges,
+                     uint64_t size, const std::string& what)
 {
-    struct stat st {};
-    if (::fstat(from, &st) != 0)
-        throw_errno(fmt::format("copying {}: stat", what));
     uint64_t copied = 0;
-    off_t offset = 0;
-    while (offset < st.st_size) {
-        off_t data = ::lseek(from, offset, SEEK_DATA);
-        if (data < 0 && errno == ENXIO)
-            break;
-        if (data < 0)
-            throw_errno(fmt::format("copying {}: SEEK_DATA", what));
-        const off_t hole = ::lseek(from, data, SEEK_HOLE);
-        if (hole < 0)
-            throw_errno(fmt::format("copying {}: SEEK_HOLE", what));
-        copied += copy_range(from, to, data, hole, what);
-        offset = hole;
-    }
-    if (::ftruncate(to, st.st_size) != 0)
+    for (const auto& [offset, length] : ranges)
+        copied += copy_range(from, to, static_cast<off_t>(offset), static_cast<off_t>(offset + length), what);
+    if (::ftruncate(to, static_cast<off_t>(size)) != 0)
         throw_errno(fmt::format("copying {}: sizing the copy", what));
     return copied;
 }

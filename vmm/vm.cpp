@@ -215,8 +215,11 @@ void Vm::save_memory(int fd) const
 
 void Vm::save_disk(int fd) const
 {
-    if (blk_)
-        copy_data_extents(blk_->disk().overlay_fd(), fd, "the disk overlay into the snapshot");
+    if (!blk_)
+        return;
+    const CowDisk& disk = blk_->disk();
+    copy_ranges(disk.overlay_fd(), fd, disk.written_byte_ranges(), disk.capacity_sectors() * CowDisk::sector_size,
+                "the disk overlay into the snapshot");
 }
 
 void Vm::restore_state(const nlohmann::json& state, int disk_fd)
@@ -243,9 +246,12 @@ void Vm::restore_state(const nlohmann::json& state, int disk_fd)
         const auto blk_transport = state_from_json<VirtioMmioTransport::State>(
             state.at("blk").at("transport"), "blk.transport");
         // The sectors the guest had written live in the snapshot's disk file; this VM's own
-        // overlay starts as a copy, so the snapshot stays as it was for every other clone.
-        copy_data_extents(disk_fd, blk_->disk().overlay_fd(), "the snapshot's disk into the overlay");
+        // overlay starts as a copy of just those, so the snapshot stays as it was for every
+        // other clone.
         blk_->restore(blk);
+        const CowDisk& disk = blk_->disk();
+        copy_ranges(disk_fd, disk.overlay_fd(), disk.written_byte_ranges(),
+                    disk.capacity_sectors() * CowDisk::sector_size, "the snapshot's disk into the overlay");
         blk_slot_->transport().restore(blk_transport);
     }
     // Each device before its transport (see VirtioVsock::restore).

@@ -113,6 +113,8 @@ TEST_CASE_FIXTURE(Fixture, "read planning splits runs between base and overlay")
     CHECK(disk.plan_read(4, 1) == std::vector<E>{{4, 1, true}});
     CHECK(disk.plan_read(60, 10) == std::vector<E>{{60, 3, false}, {63, 3, true}, {66, 4, false}});
     CHECK(disk.plan_read(98, 2) == std::vector<E>{{98, 1, false}, {99, 1, true}});
+    using Ranges = std::vector<std::pair<uint64_t, uint64_t>>;
+    CHECK(disk.written_byte_ranges() == Ranges{{3 * 512, 2 * 512}, {63 * 512, 3 * 512}, {99 * 512, 512}});
 
     CHECK(disk.in_range(0, sectors));
     CHECK(disk.in_range(sectors, 0));

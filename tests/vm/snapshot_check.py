@@ -1,0 +1,181 @@
+#!/usr/bin/env python3
+"""Snapshot bake and restore with a real guest.
+
+usage: snapshot_check.py AGENTVM_BINARY
+Bakes a snapshot into a temporary directory (removed at the end), then checks restores and
+every bad-input case. Prints "ok <case>: <what was seen>" or
+"FAIL <case>: <why>" per case; exits non-zero if any failed.
+"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+
+from episode_client import Episode
+
+AGENTVM = sys.argv[1]
+WORK = tempfile.mkdtemp(prefix="agentvm-snapshot-")
+SNAP = os.path.join(WORK, "snap")
+
+
+class Failed(Exception):
+    pass
+
+
+def expect(cond, why):
+    if not cond:
+        raise Failed(why)
+
+
+def run(*args, timeout=600):
+    return subprocess.run([AGENTVM, *args], stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout)
+
+
+def bake():
+    r = run("snapshot", "bake", "--out", SNAP, "--json")
+    expect(r.returncode == 0, f"bake exit {r.returncode}: {r.stderr[-800:]!r}")
+    summary = json.loads(r.stdout)
+    expect(summary["dir"] == os.path.abspath(SNAP), f"summary: {summary}")
+    names = sorted(os.listdir(SNAP))
+    expect(names == ["disk", "manifest.json", "memory", "state.cbor"], f"files: {names}")
+    memory = os.stat(os.path.join(SNAP, "memory"))
+    expect(memory.st_blocks * 512 < memory.st_size // 4, "memory file is not sparse")
+    r = run("snapshot", "bake", "--out", SNAP)
+    expect(r.returncode != 0 and b"already exists" in r.stderr, f"second bake into the same dir: {r.stderr!r}")
+    return f"baked: {summary['memory_data_bytes'] >> 20} MiB of {memory.st_size >> 20} MiB memory stored, " \
+           f"{summary['state_bytes']} bytes of state; an existing --out is refused"
+
+
+def restore_runs():
+    before = time.time()
+    r = run("run", "--snapshot", SNAP, "--", "sh", "-c", "echo restored; date +%s.%N")
+    after = time.time()
+    expect(r.returncode == 0, f"exit {r.returncode}: {r.stderr[-800:]!r}")
+    lines = r.stdout.decode().split()
+    expect(lines[0] == "restored", f"stdout {r.stdout!r}")
+    guest = float(lines[1])
+    expect(before - 2 <= guest <= after + 2, f"guest clock {guest:.1f}, host {before:.1f}..{after:.1f}")
+    return f"a command ran in the restored guest; its clock is the host's ({guest - after:+.1f} s)"
+
+
+def clones_independent():
+    a = Episode(AGENTVM, "--snapshot", SNAP)
+    b = Episode(AGENTVM, "--snapshot", SNAP)
+    try:
+        ra = a.call({"op": "shell", "cmd": "echo a > /root/mark; sleep 1000 & "
+                                          "head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \\n'; echo; "
+                                          "python3 -c 'import uuid; print(uuid.uuid4())'"})
+        rb = b.call({"op": "shell", "cmd": "cat /root/mark 2>&1; pgrep -x sleep || echo no-sleep; "
+                                          "head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \\n'; echo; "
+                                          "python3 -c 'import uuid; print(uuid.uuid4())'"})
+        expect(ra.get("exit_code") == 0 and rb.get("exit_code") is not None, f"calls: {ra} / {rb}")
+        out_a = ra["stdout"].split("\n")
+        out_b = rb["stdout"].split("\n")
+        expect("No such file" in out_b[0] and out_b[1] == "no-sleep", f"clone b sees clone a's state: {out_b}")
+        expect(out_a[0] != out_b[2], f"/dev/urandom equal in both clones: {out_a[0]}")
+        expect(out_a[1] != out_b[3], f"uuid4 equal in both clones: {out_a[1]}")
+        for ep in (a, b):
+            ep.close_stdin()
+            expect(ep.wait() == 0, f"episode exit {ep.proc.returncode}: {ep.stderr[-400:]!r}")
+    finally:
+        a.kill()
+        b.kill()
+    return "two clones: a file and a process of one absent in the other; urandom and uuid4 differ"
+
+
+def snapshot_unchanged():
+    # Restores wrote files and ran processes: the snapshot's own files did not change.
+    r = run("run", "--snapshot", SNAP, "--", "true")
+    expect(r.returncode == 0, f"a restore after the clones: exit {r.returncode}: {r.stderr[-400:]!r}")
+    return "the snapshot still restores cleanly (its stamps unchanged, so no digest pass was needed)"
+
+
+def corrupt_copy(name, mutate):
+    """A copy of the snapshot with `mutate(dir)` applied; returns the dir."""
+    bad = os.path.join(WORK, name)
+    shutil.rmtree(bad, ignore_errors=True)
+    # Sparse like the original: a dense copy of the memory file would be its full size.
+    subprocess.run(["cp", "-a", "--sparse=always", SNAP, bad], check=True)
+    mutate(bad)
+    return bad
+
+
+def flip_byte(path, offset):
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        byte = f.read(1)
+        f.seek(offset)
+        f.write(bytes([byte[0] ^ 0x01]))
+
+
+def first_data_offset(path):
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return os.lseek(fd, 0, os.SEEK_DATA) + 100
+    finally:
+        os.close(fd)
+
+
+def bad_inputs():
+    def manifest_edit(key, value):
+        def mutate(d):
+            path = os.path.join(d, "manifest.json")
+            m = json.load(open(path))
+            m[key] = value
+            json.dump(m, open(path, "w"))
+        return mutate
+
+    cases = [
+        ("missing", lambda d: shutil.rmtree(d), b"No such file"),
+        ("truncated memory", lambda d: os.truncate(os.path.join(d, "memory"), 4096), b"truncated"),
+        ("flipped memory byte", lambda d: flip_byte(os.path.join(d, "memory"),
+                                                    first_data_offset(os.path.join(d, "memory"))),
+         b"corrupted"),
+        ("flipped state byte", lambda d: flip_byte(os.path.join(d, "state.cbor"), 200), b"corrupted"),
+        ("no state file", lambda d: os.remove(os.path.join(d, "state.cbor")), b"state.cbor"),
+        ("other format", manifest_edit("format", 99), b"format 99"),
+        ("garbled manifest", lambda d: open(os.path.join(d, "manifest.json"), "w").write("{nope"),
+         b"malformed manifest"),
+    ]
+    for name, mutate, message in cases:
+        bad = corrupt_copy("bad", mutate)
+        r = run("run", "--snapshot", bad, "--", "true")
+        expect(r.returncode == 125 and message in r.stderr,
+               f"{name}: exit {r.returncode}, stderr {r.stderr[-400:]!r}")
+    # Another kernel than the one baked with: a copy of it with one byte changed.
+    kernel = os.path.join(WORK, "other-vmlinux")
+    shutil.copyfile(os.path.join(os.path.dirname(AGENTVM), "guest", "vmlinux"), kernel)
+    flip_byte(kernel, 4096)
+    r = run("run", "--snapshot", SNAP, "--kernel", kernel, "--", "true")
+    expect(r.returncode == 125 and b"another kernel" in r.stderr, f"other kernel: {r.stderr[-400:]!r}")
+    r = run("run", "--snapshot", SNAP, "--cpus", "2", "--", "true")
+    expect(r.returncode == 125 and b"baked with 1 vCPUs" in r.stderr, f"--cpus 2: {r.stderr[-400:]!r}")
+    return f"{len(cases) + 2} bad snapshots refused with exit 125 and the cause named"
+
+
+CASES = [bake, restore_runs, clones_independent, snapshot_unchanged, bad_inputs]
+
+
+def main():
+    good = True
+    for case in CASES:
+        try:
+            print(f"ok {case.__name__}: {case()}", flush=True)
+        except Failed as e:
+            good = False
+            print(f"FAIL {case.__name__}: {e}", flush=True)
+            if case is bake:
+                break
+        except Exception:
+            good = False
+            print(f"FAIL {case.__name__}: {traceback.format_exc()}", flush=True)
+    shutil.rmtree(WORK, ignore_errors=True)
+    sys.exit(0 if good else 1)
+
+
+if __name__ == "__main__":
+    main()
