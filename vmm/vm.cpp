@@ -239,20 +239,24 @@ void Vm::restore_state(const nlohmann::json& state, int disk_fd)
     const auto vsock = state_from_json<VirtioVsock::State>(state.at("vsock").at("device"), "vsock.device");
     const auto vsock_transport = state_from_json<VirtioMmioTransport::State>(
         state.at("vsock").at("transport"), "vsock.transport");
+    std::optional<VirtioBlk::State> blk;
+    std::optional<VirtioMmioTransport::State> blk_transport;
+    if (blk_) {
+        blk = state_from_json<VirtioBlk::State>(state.at("blk").at("device"), "blk.device");
+        blk_transport = state_from_json<VirtioMmioTransport::State>(state.at("blk").at("transport"),
+                                                                    "blk.transport");
+    }
 
     serial_->restore(serial);
     if (blk_) {
-        const auto blk = state_from_json<VirtioBlk::State>(state.at("blk").at("device"), "blk.device");
-        const auto blk_transport = state_from_json<VirtioMmioTransport::State>(
-            state.at("blk").at("transport"), "blk.transport");
         // The sectors the guest had written live in the snapshot's disk file; this VM's own
         // overlay starts as a copy of just those, so the snapshot stays as it was for every
         // other clone.
-        blk_->restore(blk);
+        blk_->restore(*blk);
         const CowDisk& disk = blk_->disk();
         copy_ranges(disk_fd, disk.overlay_fd(), disk.written_byte_ranges(),
                     disk.capacity_sectors() * CowDisk::sector_size, "the snapshot's disk into the overlay");
-        blk_slot_->transport().restore(blk_transport);
+        blk_slot_->transport().restore(*blk_transport);
     }
     // Each device before its transport (see VirtioVsock::restore).
     vsock_->restore(vsock);

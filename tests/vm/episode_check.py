@@ -12,22 +12,13 @@ import os
 import sys
 import tempfile
 import time
-import traceback
 
 from agent_client import field
+from checks import expect, run_case
 from episode_client import Episode, EpisodeError
 
 AGENTVM = sys.argv[1]
 TMP = tempfile.mkdtemp(prefix="agentvm-episode-")
-
-
-class Failed(Exception):
-    pass
-
-
-def expect(cond, why):
-    if not cond:
-        raise Failed(why)
 
 
 def outcome(r):
@@ -253,14 +244,7 @@ OWN = [fresh_episode, eof_answers_pipelined, close_op, agent_killed, vm_dies]
 
 
 def run(name, fn, *args):
-    try:
-        print(f"ok {name}: {fn(*args)}", flush=True)
-        return True
-    except (Failed, EpisodeError) as e:
-        print(f"FAIL {name}: {e}", flush=True)
-    except Exception:
-        print(f"FAIL {name}: {traceback.format_exc()}", flush=True)
-    return False
+    return run_case(name, fn, *args, expected=(EpisodeError,))
 
 
 def main():

@@ -9,18 +9,10 @@ import os
 import subprocess
 import sys
 import tempfile
-import traceback
+
+from checks import expect, run_case
 
 AGENTVM = sys.argv[1]
-
-
-class Failed(Exception):
-    pass
-
-
-def expect(cond, why):
-    if not cond:
-        raise Failed(why)
 
 
 def run(*args, stdin=subprocess.DEVNULL, env=None):
@@ -91,17 +83,8 @@ CASES = [streams_and_status, order_and_binary, shell_env_workdir_stdin, own_stat
 
 
 def main():
-    good = True
-    for case in CASES:
-        try:
-            print(f"ok {case.__name__}: {case()}", flush=True)
-        except Failed as e:
-            good = False
-            print(f"FAIL {case.__name__}: {e}", flush=True)
-        except Exception:
-            good = False
-            print(f"FAIL {case.__name__}: {traceback.format_exc()}", flush=True)
-    sys.exit(0 if good else 1)
+    results = [run_case(case.__name__, case) for case in CASES]
+    sys.exit(0 if all(results) else 1)
 
 
 if __name__ == "__main__":

@@ -13,22 +13,13 @@ import subprocess
 import sys
 import tempfile
 import time
-import traceback
 
+from checks import expect, run_case
 from episode_client import Episode
 
 AGENTVM = sys.argv[1]
 WORK = tempfile.mkdtemp(prefix="agentvm-snapshot-")
 SNAP = os.path.join(WORK, "snap")
-
-
-class Failed(Exception):
-    pass
-
-
-def expect(cond, why):
-    if not cond:
-        raise Failed(why)
 
 
 def run(*args, timeout=600):
@@ -161,18 +152,8 @@ CASES = [bake, restore_runs, clones_independent, snapshot_unchanged, bad_inputs]
 
 
 def main():
-    good = True
-    for case in CASES:
-        try:
-            print(f"ok {case.__name__}: {case()}", flush=True)
-        except Failed as e:
-            good = False
-            print(f"FAIL {case.__name__}: {e}", flush=True)
-            if case is bake:
-                break
-        except Exception:
-            good = False
-            print(f"FAIL {case.__name__}: {traceback.format_exc()}", flush=True)
+    # Every other case needs the snapshot that the first bakes.
+    good = run_case("bake", bake) and all([run_case(case.__name__, case) for case in CASES[1:]])
     shutil.rmtree(WORK, ignore_errors=True)
     sys.exit(0 if good else 1)
 
