@@ -462,7 +462,9 @@ void VirtioMmioTransport::restore(const State& s)
     std::lock_guard lock(device_.mutex());
     if (s.status & ~status_bits)
         throw Error(fmt::format("virtio-mmio state: unknown status bits in {:#x}", s.status));
-    if (s.driver_features & ~device_features_)
+    // Before FEATURES_OK the driver's request may still ask for more than was offered; the
+    // device only refuses it when the driver sets FEATURES_OK.
+    if ((s.status & VIRTIO_CONFIG_S_FEATURES_OK) && (s.driver_features & ~device_features_))
         throw Error(fmt::format("virtio-mmio state: negotiated features {:#x} exceed offered {:#x}",
                                 s.driver_features, device_features_));
     if ((s.status & VIRTIO_CONFIG_S_FEATURES_OK) && !(s.driver_features & version_1))

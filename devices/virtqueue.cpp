@@ -182,9 +182,11 @@ Virtqueue::State Virtqueue::save() const
 
 void Virtqueue::restore(const State& s, const GuestMemory& mem)
 {
-    if (!valid_size(s.size, max_size_))
+    // A queue the driver never enabled may hold any QueueNum it wrote (enable refuses a bad
+    // one): such a state is still what save() gave, and must restore.
+    if (s.ready && !valid_size(s.size, max_size_))
         throw Error(fmt::format("virtqueue state: size {} is not a power of two in 1..{}", s.size, max_size_));
-    if (static_cast<uint16_t>(s.next_avail - s.next_used) > s.size)
+    if (s.ready && static_cast<uint16_t>(s.next_avail - s.next_used) > s.size)
         throw Error(fmt::format("virtqueue state: {} chains in flight exceed the queue size {}",
                                 static_cast<uint16_t>(s.next_avail - s.next_used), s.size));
     Virtqueue q(max_size_);

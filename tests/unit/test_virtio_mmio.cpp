@@ -419,3 +419,18 @@ TEST_CASE_FIXTURE(Fixture, "save, restore, save is identical")
     CHECK(third.save() == before);
     CHECK(dev3.activations == 0);
 }
+
+TEST_CASE("a driver's feature request not yet accepted (no FEATURES_OK) restores as saved")
+{
+    GuestMemory mem(ram);
+    FakeDevice dev;
+    VirtioMmioTransport mmio(mem, dev, {}, {});
+    VirtioMmioTransport::State s = mmio.save();
+    s.status = VIRTIO_CONFIG_S_ACKNOWLEDGE | VIRTIO_CONFIG_S_DRIVER;
+    s.driver_features = ~uint64_t{0};  // more than offered: refused only at FEATURES_OK
+    GuestMemory mem2(ram);
+    FakeDevice dev2;
+    VirtioMmioTransport other(mem2, dev2, {}, {});
+    other.restore(s);
+    CHECK(other.save() == s);
+}

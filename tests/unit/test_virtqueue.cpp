@@ -428,4 +428,8 @@ TEST_CASE("save, restore, save is identical; bad states are refused")
     idle.used_addr = ram;
     t.restore(idle, mem);
     CHECK(t.save() == idle);
+    // ... and any size it wrote: save() keeps it, so restore() must take it.
+    idle.size = 3;
+    t.restore(idle, mem);
+    CHECK(t.save() == idle);
 }
