@@ -1,5 +1,6 @@
 #include "cli/run_command.hpp"
 
+#include <signal.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -173,12 +174,13 @@ public:
         stderr_.flush_blocking();
     }
     const std::optional<CommandEnd>& end() const { return end_; }
+    bool broken_pipe() const { return broken_pipe_; }
     const std::string& failure() const { return failure_; }
 
 private:
     void on_line(const std::string& line)
     {
-        if (end_ || !failure_.empty())
+        if (end_ || !failure_.empty() || broken_pipe_)
             return;
         Json message;
         try {
@@ -209,8 +211,15 @@ private:
 
     void output_failed(const char* stream, int err)
     {
-        // Nobody reads our output any more (a closed pipe): the command's results have
-        // nowhere to go.
+        // A reader that went away (`agentvm run -- yes | head -1`) ends us as it would end
+        // any program in a pipeline, quietly, with SIGPIPE's status; other errors are ours.
+        if (err == EPIPE) {
+            if (!end_ && failure_.empty() && !broken_pipe_) {
+                broken_pipe_ = true;
+                agent_vm_.finish(fmt::format("{} was closed", stream));
+            }
+            return;
+        }
         fail(fmt::format("writing to {}: {}", stream, std::strerror(err)));
     }
 
@@ -234,6 +243,7 @@ private:
     std::optional<LineReader> agent_in_;
     std::optional<CommandEnd> end_;
     std::string failure_;
+    bool broken_pipe_ = false;
 };
 
 int run_run(RunOptions& options)
@@ -253,6 +263,8 @@ int run_run(RunOptions& options)
 
     if (result.outcome == VmOutcome::stopped)
         return exit_code::signal_base + agent_vm.stop_signal();
+    if (session.broken_pipe())
+        return exit_code::signal_base + SIGPIPE;
     if (result.outcome == VmOutcome::finished && session.end()) {
         const CommandEnd& end = *session.end();
         if (!end.message.empty()) {

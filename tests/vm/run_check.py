@@ -65,6 +65,19 @@ def own_statuses():
     return f"{len(cases)} cases: 124 timeout, 127 not found, 126 not executable, 125 agentvm's own errors"
 
 
+def closed_stdout():
+    """A reader that stops reading ends agentvm run like any program in a pipeline."""
+    proc = subprocess.Popen([AGENTVM, "run", "--", "yes"], stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    first = proc.stdout.read(4)
+    proc.stdout.close()
+    err = proc.stderr.read()
+    code = proc.wait(timeout=600)
+    expect(first == b"y\ny\n", f"first bytes {first!r}")
+    expect(code == 128 + 13 and b"error" not in err, f"exit {code}, stderr {err[-400:]!r}")
+    return "stdout closed after 4 bytes of an endless yes: exit 141 (SIGPIPE's), no error message"
+
+
 def nothing_left_behind():
     tmp = tempfile.mkdtemp(prefix="agentvm-run-")
     env = dict(os.environ, TMPDIR=tmp)
@@ -79,7 +92,8 @@ def nothing_left_behind():
     return "3 runs: TMPDIR empty, no agentvm process left"
 
 
-CASES = [streams_and_status, order_and_binary, shell_env_workdir_stdin, own_statuses, nothing_left_behind]
+CASES = [streams_and_status, order_and_binary, shell_env_workdir_stdin, own_statuses, closed_stdout,
+         nothing_left_behind]
 
 
 def main():
