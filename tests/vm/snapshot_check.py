@@ -85,6 +85,31 @@ def snapshot_unchanged():
     return "the snapshot still restores cleanly (its stamps unchanged, so no digest pass was needed)"
 
 
+def hundred_restores():
+    """100 restores in a row: each answers, and none leaves a file, a process or a change to the
+    snapshot behind."""
+    tmp = tempfile.mkdtemp(prefix="agentvm-restores-")
+    env = dict(os.environ, TMPDIR=tmp)
+    stamps = {n: os.stat(os.path.join(SNAP, n)) for n in os.listdir(SNAP)}
+    shm = set(os.listdir("/dev/shm"))
+    for i in range(100):
+        r = subprocess.run([AGENTVM, "run", "--snapshot", SNAP, "--", "echo", str(i)], env=env,
+                           stdin=subprocess.DEVNULL, capture_output=True, timeout=600)
+        expect(r.returncode == 0 and r.stdout == f"{i}\n".encode(),
+               f"restore {i}: exit {r.returncode}, {r.stdout!r}, {r.stderr[-400:]!r}")
+    left = os.listdir(tmp)
+    expect(not left, f"left in TMPDIR: {left}")
+    os.rmdir(tmp)
+    expect(set(os.listdir("/dev/shm")) == shm, "something new in /dev/shm")
+    procs = subprocess.run(["pgrep", "-f", AGENTVM + " run"], capture_output=True).stdout
+    expect(procs == b"", f"agentvm processes left: {procs!r}")
+    for name, st in stamps.items():
+        now = os.stat(os.path.join(SNAP, name))
+        expect((now.st_ino, now.st_size, now.st_mtime_ns, now.st_ctime_ns)
+               == (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns), f"snapshot file {name} changed")
+    return "100 restores answered; TMPDIR and /dev/shm as before, no process left, snapshot untouched"
+
+
 def corrupt_copy(name, mutate):
     """A copy of the snapshot with `mutate(dir)` applied; returns the dir."""
     bad = os.path.join(WORK, name)
@@ -148,7 +173,7 @@ def bad_inputs():
     return f"{len(cases) + 2} bad snapshots refused with exit 125 and the cause named"
 
 
-CASES = [bake, restore_runs, clones_independent, snapshot_unchanged, bad_inputs]
+CASES = [bake, restore_runs, clones_independent, snapshot_unchanged, hundred_restores, bad_inputs]
 
 
 def main():
