@@ -61,32 +61,38 @@ void AgentLink::attempt()
     if (done_)
         return;
     ++attempts_;
-    handshake_.clear();
+    line_.clear();
     socket_ = vm_.connect_vsock(agent_vsock_port);
     vm_.event_loop().watch_readable(socket_.get(), [this] { read_handshake(); });
 }
 
-void AgentLink::read_handshake()
+AgentLink::LineRead AgentLink::read_line(size_t max)
 {
-    // One byte at a time: nothing may be read past the handshake's newline. The agent never
-    // speaks first, so in practice the line is all there is.
+    // One byte at a time: nothing may be read past the newline, which ends what the link
+    // owns of the stream. The agent never speaks first, so in practice the line is all there is.
     char byte = 0;
     ssize_t n = 0;
-    while ((n = ::read(socket_.get(), &byte, 1)) == 1 && byte != '\n') {
-        if (handshake_.size() == max_handshake)
-            break;
-        handshake_.push_back(byte);
-    }
+    while ((n = ::read(socket_.get(), &byte, 1)) == 1 && byte != '\n' && line_.size() < max)
+        line_.push_back(byte);
     if (n < 0 && (errno == EAGAIN || errno == EINTR))
-        return;
+        return LineRead::more;
     vm_.event_loop().unwatch(socket_.get());
-    if (n == 1 && byte == '\n' && handshake_.starts_with("OK ")) {
+    if (n == 1 && byte == '\n')
+        return LineRead::line;
+    return n == 0 && line_.empty() ? LineRead::closed : LineRead::garbled;
+}
+
+void AgentLink::read_handshake()
+{
+    const LineRead read = read_line(max_handshake);
+    if (read == LineRead::more)
+        return;
+    if (read == LineRead::line && line_.starts_with("OK ")) {
         spdlog::debug("agent reachable after {} tries", attempts_);
-        if (!resume_) {
+        if (resume_)
+            send_resume();
+        else
             connected();
-            return;
-        }
-        send_resume();
         return;
     }
     // Refused (end-of-file): the guest is not listening yet.
@@ -108,35 +114,31 @@ void AgentLink::send_resume()
     // A few hundred bytes into a fresh socket's empty buffer: written whole at once.
     if (::write(socket_.get(), line.data(), line.size()) != static_cast<ssize_t>(line.size()))
         throw_errno("sending the resume call to the guest agent");
-    handshake_.clear();
+    line_.clear();
     vm_.event_loop().watch_readable(socket_.get(), [this] { read_resume_answer(); });
 }
 
 void AgentLink::read_resume_answer()
 {
-    char byte = 0;
-    ssize_t n = 0;
-    while ((n = ::read(socket_.get(), &byte, 1)) == 1 && byte != '\n' && handshake_.size() < max_resume_answer)
-        handshake_.push_back(byte);
-    if (n < 0 && (errno == EAGAIN || errno == EINTR))
+    const LineRead read = read_line(max_resume_answer);
+    if (read == LineRead::more)
         return;
-    vm_.event_loop().unwatch(socket_.get());
-    if (n == 0 && handshake_.empty()) {
+    if (read == LineRead::closed) {
         // The transport reset that a restore sends the guest can overtake this connection
         // and drop it: connect again, as for a refusal.
         socket_.reset();
         retry_.arm(retry_interval);
         return;
     }
-    const Json answer = Json::parse(handshake_, nullptr, false);
-    if (n == 1 && byte == '\n' && answer.is_object() && answer.value("ok", false)) {
+    const Json answer = Json::parse(line_, nullptr, false);
+    if (read == LineRead::line && answer.is_object() && answer.value("ok", false)) {
         connected();
         return;
     }
     done_ = true;
     give_up_.cancel();
     socket_.reset();
-    on_failed_("the restored guest's agent did not take the resume call (clock, entropy): " + handshake_);
+    on_failed_("the restored guest's agent did not take the resume call (clock, entropy): " + line_);
 }
 
 void AgentLink::connected()

@@ -33,6 +33,9 @@ public:
     void cancel();
 
 private:
+    // Reading the one line the link expects at a time (the handshake, the resume answer).
+    enum class LineRead { more, line, closed, garbled };
+    LineRead read_line(size_t max);
     void attempt();
     void read_handshake();
     void send_resume();
@@ -47,7 +50,7 @@ private:
     LoopTimer retry_;
     LoopTimer give_up_;
     Fd socket_;
-    std::string handshake_;
+    std::string line_;
     unsigned attempts_ = 0;
     bool done_ = false;
 };
