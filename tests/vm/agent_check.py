@@ -10,11 +10,10 @@ a malformed line. Then SIGTERM ends the VM. Prints "agent ok" or exits non-zero 
 import base64
 import hashlib
 import os
-import signal
 import sys
 import tempfile
 
-from agent_client import AgentError, boot, connect, field
+from agent_client import AgentError, boot, connect, field, stop_with_sigterm
 
 AGENTVM = sys.argv[1]
 
@@ -77,9 +76,8 @@ with tempfile.TemporaryDirectory(prefix="agentvm-agent-") as tmp:
     except AgentError as e:
         fail(str(e), console)
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-    if proc.wait(timeout=120) != 128 + signal.SIGTERM:
+        stopped = stop_with_sigterm(proc)
+    if not stopped:
         fail(f"agentvm exited {proc.returncode} on SIGTERM", console)
     print("agent ok: exec, shell state, 300000-byte file round trip, malformed line, "
           "agent restarted after being killed, SIGTERM teardown")

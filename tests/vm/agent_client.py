@@ -4,6 +4,7 @@ through agentvm's hybrid socket."""
 import base64
 import json
 import os
+import signal
 import subprocess
 import time
 
@@ -28,6 +29,14 @@ def boot(agentvm, tmp, *args):
                              "--console", console, "--init-cmd", "sleep 100000", *args],
                             stdin=subprocess.DEVNULL)
     return proc, uds, console
+
+
+def stop_with_sigterm(proc):
+    """SIGTERM to agentvm, as a user's ^C or a supervisor would send; returns whether it ended
+    the way the README says (128 + SIGTERM)."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+    return proc.wait(timeout=120) == 128 + signal.SIGTERM
 
 
 def connect(uds, proc):

@@ -11,12 +11,11 @@ with why.
 """
 import os
 import re
-import signal
 import sys
 import tempfile
 import time
 
-from agent_client import AgentError, boot, connect, field
+from agent_client import AgentError, boot, connect, field, stop_with_sigterm
 
 AGENTVM = sys.argv[1]
 GUEST_MIB = 256
@@ -64,9 +63,8 @@ with tempfile.TemporaryDirectory(prefix="agentvm-oom-") as tmp:
     except AgentError as e:
         fail(str(e), console)
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-    if proc.wait(timeout=120) != 128 + signal.SIGTERM:
+        stopped = stop_with_sigterm(proc)
+    if not stopped:
         fail(f"agentvm exited {proc.returncode} on SIGTERM", console)
     print(f"oom ok: python3 OOM-killed in a {GUEST_MIB} MiB guest after {hog_s:.1f} s "
           "(signal 9, oom_killed true, not timed out), plain SIGKILL not taken for OOM, "
