@@ -25,10 +25,12 @@ constexpr uint64_t cancel_tag = 1;
 // Every SQE that carries user_data points at one of these, allocated when the SQE is
 // prepared and freed when its last CQE has been reaped.
 struct EventLoop::Op {
-    enum class Kind { io, poll };
+    enum class Kind { io, poll, io_wait };
     Kind kind = Kind::io;
-    Completion done;         // io
-    int fd = -1;             // poll: the watched fd
+    Completion done;         // io, io_wait
+    Prep prep;               // io: fills its SQE, again after an -EAGAIN
+    short ready_events = 0;  // io: what to poll fd for after an -EAGAIN; 0 = never retry
+    int fd = -1;             // poll: the watched fd; io: the fd read or written
     bool cancelled = false;  // poll: unwatched; its completion is ignored
     // CQEs still to come that name this Op: 1, or 2 for a poll being cancelled. The Op
     // outlives the cancel's CQE so its address cannot be reused by a new Op that the
@@ -117,40 +119,58 @@ void EventLoop::unwatch(int fd)
     watches_.erase(it);
 }
 
-template <typename Prep>
-void EventLoop::submit_io(Completion done, Prep prep)
+void EventLoop::submit_io(Completion done, Prep prep, int fd, short ready_events)
 {
     auto op = std::make_unique<Op>();
     op->done = std::move(done);
-    io_uring_sqe* sqe = get_sqe();
-    prep(sqe);
-    io_uring_sqe_set_data(sqe, op.release());
+    op->prep = std::move(prep);
+    op->fd = fd;
+    op->ready_events = ready_events;
+    submit(*op);
+    op.release();
     ++in_flight_;
+}
+
+void EventLoop::submit(Op& op)
+{
+    io_uring_sqe* sqe = get_sqe();
+    op.kind = Op::Kind::io;
+    op.prep(sqe);
+    io_uring_sqe_set_data(sqe, &op);
+    ++cqes_pending_;
+}
+
+void EventLoop::wait_until_ready(Op& op)
+{
+    io_uring_sqe* sqe = get_sqe();
+    op.kind = Op::Kind::io_wait;
+    io_uring_prep_poll_add(sqe, op.fd, op.ready_events);
+    io_uring_sqe_set_data(sqe, &op);
     ++cqes_pending_;
 }
 
 void EventLoop::readv(int fd, const iovec* iov, unsigned count, uint64_t offset, Completion done)
 {
     submit_io(std::move(done),
-              [&](io_uring_sqe* sqe) { io_uring_prep_readv(sqe, fd, iov, count, offset); });
+              [=](io_uring_sqe* sqe) { io_uring_prep_readv(sqe, fd, iov, count, offset); }, fd, POLLIN);
 }
 
 void EventLoop::writev(int fd, const iovec* iov, unsigned count, uint64_t offset, Completion done)
 {
     submit_io(std::move(done),
-              [&](io_uring_sqe* sqe) { io_uring_prep_writev(sqe, fd, iov, count, offset); });
+              [=](io_uring_sqe* sqe) { io_uring_prep_writev(sqe, fd, iov, count, offset); }, fd, POLLOUT);
 }
 
 void EventLoop::fsync(int fd, Completion done)
 {
-    submit_io(std::move(done), [&](io_uring_sqe* sqe) { io_uring_prep_fsync(sqe, fd, 0); });
+    submit_io(std::move(done), [=](io_uring_sqe* sqe) { io_uring_prep_fsync(sqe, fd, 0); });
 }
 
 void EventLoop::cancel_io(int fd)
 {
     // The kernel matches requests by open file, not fd number: a watch on another fd of the
     // same file (a terminal's stdin beside its stdout) is cancelled too, and ends quietly.
-    submit_io([](int32_t) {}, [&](io_uring_sqe* sqe) {
+    submit_io([](int32_t) {}, [=](io_uring_sqe* sqe) {
         io_uring_prep_cancel_fd(sqe, fd, IORING_ASYNC_CANCEL_ALL);
     });
 }
@@ -248,9 +268,19 @@ void EventLoop::dispatch(uint64_t user_data, int32_t res)
         on_poll(op, res);
         return;
     }
+    if (op->kind == Op::Kind::io && res == -EAGAIN && op->ready_events != 0) {
+        wait_until_ready(*op);
+        return;
+    }
+    if (op->kind == Op::Kind::io_wait && res >= 0 && !(res & POLLNVAL)) {
+        // Ready (or hung up or in error, which the retried I/O then reports itself).
+        submit(*op);
+        return;
+    }
     const std::unique_ptr<Op> owned(op);
     --in_flight_;
-    owned->done(res);
+    // An io_wait that failed: its error is the I/O's.
+    owned->done(op->kind == Op::Kind::io_wait && res >= 0 ? -EBADF : res);
 }
 
 void EventLoop::on_poll(Op* poll, int32_t res)

@@ -34,6 +34,9 @@ public:
     void watch_readable(int fd, std::function<void()> on_readable);
     void unwatch(int fd);
 
+    // On a socket, pipe or terminal opened O_NONBLOCK the kernel may answer -EAGAIN (it
+    // does not always wait for readiness itself); these then wait until fd polls ready and
+    // try again, so done() never sees -EAGAIN.
     void readv(int fd, const iovec* iov, unsigned count, uint64_t offset, Completion done);
     void writev(int fd, const iovec* iov, unsigned count, uint64_t offset, Completion done);
     void fsync(int fd, Completion done);
@@ -58,8 +61,10 @@ private:
     io_uring_sqe* get_sqe();
     void arm_poll(Watch& watch, int fd);
     void cancel_poll(Op& poll);
-    template <typename Prep>
-    void submit_io(Completion done, Prep prep);
+    using Prep = std::function<void(io_uring_sqe*)>;
+    void submit_io(Completion done, Prep prep, int fd = -1, short ready_events = 0);
+    void submit(Op& op);
+    void wait_until_ready(Op& op);
     void wait_and_dispatch();
     void dispatch(uint64_t user_data, int32_t res);
     void on_poll(Op* poll, int32_t res);
