@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One entry point for a fresh Debian 12 machine (as root): installs what is missing, builds the
-# VMM, the guest kernel, the guest init and the rootfs image (each cached, rebuilt only when its
-# inputs change), then either boots the default guest (`demo`) or runs every test (`test`).
+# VMM, the guest kernel, the guest init and the rootfs image, and bakes the default snapshot
+# (each cached, rebuilt only when its inputs change), then either boots the default guest (`demo`) or runs every test (`test`).
 #
 #   ./setup.sh demo     set up, then run a command in a fresh VM and a short tool-call episode
 #   ./setup.sh test     set up, then run the unit, kvm and vm test suites
@@ -55,9 +55,40 @@ hardware_kvm() {
   [[ -e /dev/kvm && ! -e /sys/module/kvm_pvm ]]
 }
 
+# Runs an agentvm command where a Linux guest can boot: here on hardware KVM, else in the
+# emulated test host.
+agentvm_where_guests_boot() {
+  if hardware_kvm; then
+    build/agentvm "$@"
+  else
+    AGENTVM_TESTHOST_QUIET=1 tests/testhost/run -- build/agentvm "$@"
+  fi
+}
+
+# The snapshot `agentvm run` and `agentvm episode` restore from by default. Baked again when the
+# VMM, the kernel or the rootfs changed: the snapshot records their identity, and a stale one
+# would be refused (those commands then warn and boot cold).
+bake_default_snapshot() {
+  local snapshot=build/guest/snapshot key
+  key=$({ sha256sum build/agentvm; stat -L -c '%d %i %s %Y %Z' build/guest/vmlinux build/guest/rootfs.ext4; } |
+        sha256sum | cut -d' ' -f1)
+  if [[ -f $snapshot/manifest.json && $(cat "$snapshot.key" 2>/dev/null) == "$key" ]]; then
+    return
+  fi
+  say "baking the default snapshot ($snapshot)"
+  rm -rf "$snapshot" "$snapshot.key" "$snapshot".partial-*
+  if agentvm_where_guests_boot --log-level warn snapshot bake --out "$snapshot" --boot-timeout 300; then
+    echo "$key" >"$snapshot.key"
+  else
+    rm -rf "$snapshot"
+    say "WARNING: baking the default snapshot failed (above); agentvm run and episode will boot cold"
+  fi
+}
+
 install_missing_packages
 build_vmm
 build_guest
+bake_default_snapshot
 say "set-up done"
 
 case "$mode" in

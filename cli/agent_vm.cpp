@@ -32,12 +32,23 @@ AgentVm::AgentVm(VmOptions& options, std::chrono::milliseconds boot_timeout)
     kvm_.emplace();
     std::optional<LoadedSnapshot> loaded;
     if (snapshot) {
+        // 0: whatever the snapshot recorded.
+        VmConfig wanted = config;
         if (!options.given("--cpus"))
-            config.vcpus = 0;
+            wanted.vcpus = 0;
         if (!options.given("--mem"))
-            config.mem_mib = 0;
-        loaded.emplace(load_snapshot(*kvm_, *snapshot, std::move(config)));
-        spdlog::debug("restoring from snapshot '{}'", *snapshot);
+            wanted.mem_mib = 0;
+        try {
+            loaded.emplace(load_snapshot(*kvm_, *snapshot, std::move(wanted)));
+            spdlog::debug("restoring from snapshot '{}'", *snapshot);
+        } catch (const Error& e) {
+            // A snapshot the user named must be usable; set-up's default one may be stale
+            // (kernel or rootfs rebuilt since), and a cold boot is still correct, only slower.
+            if (options.snapshot_given())
+                throw;
+            spdlog::warn("not using the default snapshot: {}; booting instead (./setup.sh build bakes it again)",
+                         e.what());
+        }
     }
     // The console file is created only once nothing else can fail before the VM exists.
     const int console_fd = options.open_console();

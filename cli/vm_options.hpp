@@ -31,6 +31,8 @@ public:
     // (<agentvm dir>/guest/snapshot) when it exists and nothing asks for a cold boot (--cold,
     // or --kernel, --rootfs, --cmdline, --cpus or --mem, which a snapshot has fixed).
     std::optional<std::string> snapshot_dir() const;
+    // Whether --snapshot named the snapshot (rather than set-up's default being used).
+    bool snapshot_given() const { return !snapshot_.empty(); }
     // Whether the user gave `flag` (so a snapshot's own value must match it).
     bool given(const char* flag) const { return command_ && command_->count(flag) > 0; }
 

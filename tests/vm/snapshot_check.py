@@ -145,6 +145,18 @@ def bad_inputs():
             json.dump(m, open(path, "w"))
         return mutate
 
+    def cpu_edit(change):
+        def mutate(d):
+            path = os.path.join(d, "manifest.json")
+            m = json.load(open(path))
+            change(m["host_cpu"])
+            json.dump(m, open(path, "w"))
+        return mutate
+
+    def all_features(cpu):
+        # Every bit of a feature word: no CPU offers all of them, so some are lacking.
+        cpu["features"]["0x7.0.ecx"] = 0xFFFFFFFF
+
     cases = [
         ("missing", lambda d: shutil.rmtree(d), b"No such file"),
         ("truncated memory", lambda d: os.truncate(os.path.join(d, "memory"), 4096), b"truncated"),
@@ -156,6 +168,9 @@ def bad_inputs():
         ("other format", manifest_edit("format", 99), b"format 99"),
         ("garbled manifest", lambda d: open(os.path.join(d, "manifest.json"), "w").write("{nope"),
          b"malformed manifest"),
+        ("CPU lacking features", cpu_edit(all_features), b"lacks features the snapshot's vCPUs were given"),
+        ("other CPU vendor", cpu_edit(lambda cpu: cpu.update(vendor="OtherVendor!")),
+         b"baked on a OtherVendor! CPU"),
     ]
     for name, mutate, message in cases:
         bad = corrupt_copy("bad", mutate)
@@ -173,7 +188,38 @@ def bad_inputs():
     return f"{len(cases) + 2} bad snapshots refused with exit 125 and the cause named"
 
 
-CASES = [bake, restore_runs, clones_independent, snapshot_unchanged, hundred_restores, bad_inputs]
+def default_snapshot():
+    """run and episode restore set-up's default snapshot (guest/snapshot beside the binary) when
+    nothing asks for a cold boot, and boot with a warning when that snapshot is unusable."""
+    home = os.path.join(WORK, "install")
+    os.makedirs(os.path.join(home, "guest"))
+    binary = os.path.join(home, "agentvm")
+    shutil.copy2(AGENTVM, binary)
+    for name in ("vmlinux", "rootfs.ext4"):
+        os.symlink(os.path.realpath(os.path.join(os.path.dirname(AGENTVM), "guest", name)),
+                   os.path.join(home, "guest", name))
+    default = os.path.join(home, "guest", "snapshot")
+
+    def run_default(*extra):
+        return subprocess.run([binary, "--log-level", "debug", "run", *extra, "--", "echo", "hi"],
+                              stdin=subprocess.DEVNULL, capture_output=True, timeout=600)
+
+    subprocess.run(["cp", "-a", "--sparse=always", SNAP, default], check=True)
+    r = run_default()
+    expect(r.returncode == 0 and r.stdout == b"hi\n", f"default snapshot: exit {r.returncode}, {r.stderr[-600:]!r}")
+    expect(f"restoring from snapshot '{default}'".encode() in r.stderr, f"did not restore: {r.stderr[-600:]!r}")
+    r = run_default("--cold")
+    expect(r.returncode == 0 and r.stdout == b"hi\n", f"--cold: exit {r.returncode}, {r.stderr[-600:]!r}")
+    expect(b"restoring from snapshot" not in r.stderr, "--cold restored the default snapshot")
+    flip_byte(os.path.join(default, "state.cbor"), 200)
+    r = run_default()
+    expect(r.returncode == 0 and r.stdout == b"hi\n", f"stale default: exit {r.returncode}, {r.stderr[-600:]!r}")
+    expect(b"not using the default snapshot" in r.stderr and b"corrupted" in r.stderr
+           and b"restoring from snapshot" not in r.stderr, f"stale default: {r.stderr[-600:]!r}")
+    return "the default snapshot is restored, --cold boots, and a corrupted default warns and boots"
+
+
+CASES = [bake, restore_runs, clones_independent, snapshot_unchanged, hundred_restores, bad_inputs, default_snapshot]
 
 
 def main():
