@@ -61,6 +61,9 @@ void AgentLink::attempt()
     if (done_)
         return;
     ++attempts_;
+    // A booting guest refuses for a while: its retries are noise except when tracing.
+    spdlog::log(attempts_ == 1 ? spdlog::level::debug : spdlog::level::trace, "connecting to the agent (try {})",
+                attempts_);
     line_.clear();
     socket_ = vm_.connect_vsock(agent_vsock_port);
     vm_.event_loop().watch_readable(socket_.get(), [this] { read_handshake(); });
@@ -126,6 +129,7 @@ void AgentLink::read_resume_answer()
     if (read == LineRead::closed) {
         // The transport reset that a restore sends the guest can overtake this connection
         // and drop it: connect again, as for a refusal.
+        spdlog::debug("the restored guest dropped the connection before answering resume");
         socket_.reset();
         retry_.arm(retry_interval);
         return;
@@ -143,6 +147,7 @@ void AgentLink::read_resume_answer()
 
 void AgentLink::connected()
 {
+    spdlog::debug("agent ready{}", resume_ ? " (resumed)" : "");
     done_ = true;
     retry_.cancel();
     give_up_.cancel();

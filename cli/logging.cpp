@@ -10,12 +10,13 @@ namespace agentvm {
 void setup_logging(const std::string& level)
 {
     auto logger = spdlog::stderr_color_mt("agentvm");
-    logger->set_pattern("agentvm: %^%l%$: %v");
-    spdlog::set_default_logger(logger);
     const auto parsed = spdlog::level::from_str(level);
     // from_str maps unknown names to "off"; only "off" itself may mean off.
     if (parsed == spdlog::level::off && level != "off")
         throw Error("unknown --log-level '" + level + "' (use trace, debug, info, warn, error, critical, off)");
+    // Debugging a start-up is mostly asking where the time went: debug and trace lines say when.
+    logger->set_pattern(parsed <= spdlog::level::debug ? "agentvm: %H:%M:%S.%f %^%l%$: %v" : "agentvm: %^%l%$: %v");
+    spdlog::set_default_logger(logger);
     spdlog::set_level(parsed);
 }
 

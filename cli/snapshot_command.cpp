@@ -29,6 +29,37 @@ struct BakeOptions {
     bool json = false;
 };
 
+// The calls a bake runs before it pauses the guest: they load what every tool call needs (the
+// agent's exec path, bash, libc) into the guest's page cache and caches, so that the snapshot
+// holds them and restored VMs neither read them from disk nor dirty pages loading them.
+std::vector<Json> warm_up_calls()
+{
+    return {Json{{"id", "agentvm-warm-exec"}, {"op", "exec"}, {"argv", {"true"}}},
+            Json{{"id", "agentvm-warm-shell"}, {"op", "shell"}, {"cmd", "true"}}};
+}
+
+constexpr const char* close_id = "agentvm-bake";
+
+// Their answers and close's are three short lines; anything larger is not a working agent.
+constexpr size_t max_warm_up_answers = 64 * 1024;
+
+void check_warm_up_answers(const std::string& answers)
+{
+    size_t succeeded = 0;
+    size_t begin = 0;
+    for (size_t end; (end = answers.find('\n', begin)) != std::string::npos; begin = end + 1) {
+        const Json answer = Json::parse(answers.substr(begin, end - begin), nullptr, false);
+        if (answer.is_object() && answer.value("id", "") == close_id && answer.value("ok", false))
+            continue;
+        if (answer.is_object() && answer.value("exit_code", -1) == 0)
+            ++succeeded;
+        else
+            throw Error("a warm-up call failed in the guest: " + answers.substr(begin, std::min<size_t>(end - begin, 300)));
+    }
+    if (succeeded != warm_up_calls().size())
+        throw Error(fmt::format("the guest agent answered {} of {} warm-up calls", succeeded, warm_up_calls().size()));
+}
+
 double ms_since(Clock::time_point start)
 {
     return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
@@ -40,22 +71,35 @@ int run_bake(BakeOptions& options)
     AgentVm agent_vm(options.vm, std::chrono::milliseconds(static_cast<int64_t>(options.boot_timeout_s * 1000)));
     Fd agent;
     double ready_ms = 0;
-    // Once the agent answers, it is asked to close the connection, so that the snapshot holds
-    // an idle agent and no half-open stream; its end-of-file is the moment to stop the VM.
+    std::string answers;
+    // Once the agent answers, it runs the warm-up calls and is asked to close the connection,
+    // so that the snapshot holds an idle agent and no half-open stream; its end-of-file is the
+    // moment to stop the VM.
     const auto on_connected = [&](Fd socket) {
         ready_ms = ms_since(start);
-        spdlog::info("agent ready after {:.0f} ms; pausing the VM", ready_ms);
+        spdlog::info("agent ready after {:.0f} ms; warming up, then pausing the VM", ready_ms);
         agent = std::move(socket);
-        const std::string close = to_line(Json{{"id", "agentvm-bake"}, {"op", "close"}});
-        if (::write(agent.get(), close.data(), close.size()) != static_cast<ssize_t>(close.size()))
-            throw_errno("asking the guest agent to close its connection");
+        std::string requests;
+        for (const Json& call : warm_up_calls())
+            requests += to_line(call);
+        requests += to_line(Json{{"id", close_id}, {"op", "close"}});
+        // A few hundred bytes into a fresh socket's empty buffer: written whole at once.
+        if (::write(agent.get(), requests.data(), requests.size()) != static_cast<ssize_t>(requests.size()))
+            throw_errno("sending the warm-up calls to the guest agent");
         agent_vm.vm().event_loop().watch_readable(agent.get(), [&] {
             char buffer[4096];
             const ssize_t n = ::read(agent.get(), buffer, sizeof buffer);
-            if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) {
-                agent_vm.vm().event_loop().unwatch(agent.get());
-                agent_vm.finish("the agent is ready and idle");
+            if (n > 0 && answers.size() + static_cast<size_t>(n) <= max_warm_up_answers) {
+                answers.append(buffer, static_cast<size_t>(n));
+                return;
             }
+            if (n < 0 && (errno == EAGAIN || errno == EINTR))
+                return;
+            agent_vm.vm().event_loop().unwatch(agent.get());
+            if (n != 0)
+                agent_vm.fail("the guest agent's answers to the warm-up calls are not what it should send");
+            else
+                agent_vm.finish("the agent is warm and idle");
         });
     };
     const VmResult result = agent_vm.run(on_connected, [] {});
@@ -63,6 +107,7 @@ int run_bake(BakeOptions& options)
         return exit_code::signal_base + agent_vm.stop_signal();
     if (result.outcome != VmOutcome::finished)
         throw Error(fmt::format("the guest did not get ready for a snapshot: {}", result.detail));
+    check_warm_up_answers(answers);
 
     const auto save_start = Clock::now();
     const SnapshotSummary summary = write_snapshot(agent_vm.kvm(), agent_vm.vm(), agent_vm.vm().config(), options.out);

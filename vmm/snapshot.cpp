@@ -316,6 +316,7 @@ LoadedSnapshot load_snapshot(const Kvm& kvm, const std::string& dir, VmConfig co
         throw Error(fmt::format("snapshot '{}': malformed manifest: {}", dir, e.what()));
     }
     loaded.config = std::move(config);
+    spdlog::debug("snapshot '{}' checked and its state read", dir);
     return loaded;
 }
 

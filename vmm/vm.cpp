@@ -105,6 +105,7 @@ Vm::Vm(const Kvm& kvm, const VmConfig& config, VmSnapshotData snapshot)
     } catch (const nlohmann::json::exception& e) {
         throw Error(fmt::format("snapshot: malformed state: {}", e.what()));
     }
+    spdlog::debug("VM restored: {} vCPUs, {} MiB mapped from the snapshot", config.vcpus, config.mem_mib);
 }
 
 // run() joins every thread it starts before returning, so nothing runs by now.
