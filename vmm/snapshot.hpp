@@ -25,7 +25,9 @@
 
 namespace agentvm {
 
-inline constexpr int snapshot_format = 1;
+// Bumped whenever the state's schema changes: an older snapshot is refused by its format,
+// with "rebake it", instead of failing on a missing field. 2: vsock reset acknowledgement.
+inline constexpr int snapshot_format = 2;
 
 struct SnapshotSummary {
     std::string dir;
