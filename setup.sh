@@ -18,7 +18,7 @@ say() { printf 'setup: [%4ds] %s\n' "$((SECONDS - start))" "$*" >&2; }
 packages=(
   build-essential meson ninja-build pkg-config
   linux-libc-dev liburing-dev libcli11-dev libspdlog-dev libfmt-dev doctest-dev
-  nlohmann-json3-dev libseccomp-dev
+  nlohmann-json3-dev libseccomp-dev nettle-dev
   linux-source-6.1 bc flex bison libelf-dev libssl-dev dwarves xz-utils
   debootstrap busybox-static e2fsprogs cpio
   qemu-system-x86 linux-image-amd64

@@ -1,13 +1,12 @@
 #include "vmm/file_digest.hpp"
 
-#include <openssl/evp.h>
+#include <nettle/sha2.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <cerrno>
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
-#include <memory>
 #include <vector>
 
 #include <fmt/format.h>
@@ -19,16 +18,8 @@ namespace {
 
 class Sha256 {
 public:
-    Sha256() : ctx_(EVP_MD_CTX_new(), EVP_MD_CTX_free)
-    {
-        if (!ctx_ || EVP_DigestInit_ex(ctx_.get(), EVP_sha256(), nullptr) != 1)
-            throw Error("SHA-256: cannot initialise OpenSSL's digest");
-    }
-    void update(const void* data, size_t len)
-    {
-        if (EVP_DigestUpdate(ctx_.get(), data, len) != 1)
-            throw Error("SHA-256: digest update failed");
-    }
+    Sha256() { sha256_init(&ctx_); }
+    void update(const void* data, size_t len) { sha256_update(&ctx_, len, static_cast<const uint8_t*>(data)); }
     template <typename T>
     void update_value(T value)
     {
@@ -36,18 +27,16 @@ public:
     }
     std::string hex()
     {
-        unsigned char digest[EVP_MAX_MD_SIZE];
-        unsigned int len = 0;
-        if (EVP_DigestFinal_ex(ctx_.get(), digest, &len) != 1)
-            throw Error("SHA-256: digest final failed");
+        uint8_t digest[SHA256_DIGEST_SIZE];
+        sha256_digest(&ctx_, sizeof digest, digest);
         std::string text;
-        for (unsigned int i = 0; i < len; ++i)
-            text += fmt::format("{:02x}", digest[i]);
+        for (const uint8_t byte : digest)
+            text += fmt::format("{:02x}", byte);
         return text;
     }
 
 private:
-    std::unique_ptr<EVP_MD_CTX, decltype(&EVP_MD_CTX_free)> ctx_;
+    sha256_ctx ctx_{};
 };
 
 } // namespace
