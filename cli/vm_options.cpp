@@ -8,6 +8,7 @@
 #include <filesystem>
 
 #include <fmt/format.h>
+#include <spdlog/spdlog.h>
 
 #include "vmm/error.hpp"
 #include "vmm/layout.hpp"
@@ -69,6 +70,8 @@ void VmOptions::add_to(CLI::App& command)
                            "restore from this snapshot (agentvm snapshot bake) instead of booting");
         command.add_flag("--cold", cold_, "boot, even where set-up's default snapshot exists");
     }
+    command.add_flag("--no-jail", no_jail_,
+                     "debugging only: run the VMM without its seccomp filters (a hostile guest then meets fewer walls)");
     if (role_ == VmRole::boot)
         console->capture_default_str();
     else
@@ -78,6 +81,9 @@ void VmOptions::add_to(CLI::App& command)
 VmConfig VmOptions::resolve()
 {
     VmConfig config;
+    config.jail = !no_jail_;
+    if (no_jail_)
+        spdlog::warn("--no-jail: the VMM runs without its seccomp filters; use it only to debug");
     config.kernel_path = kernel_.empty() ? default_guest_file("vmlinux") : kernel_;
     config.rootfs_path = rootfs_.empty() ? default_guest_file("rootfs.ext4") : rootfs_;
     require_readable_file(config.kernel_path, "kernel", "--kernel");

@@ -54,6 +54,7 @@ private:
     std::string vsock_uds_;
     std::string snapshot_;
     bool cold_ = false;
+    bool no_jail_ = false;
     CLI::App* command_ = nullptr;
     Fd console_fd_;
     bool console_created_ = false;

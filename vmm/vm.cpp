@@ -19,6 +19,7 @@
 #include "vmm/error.hpp"
 #include "vmm/layout.hpp"
 #include "vmm/mptable.hpp"
+#include "vmm/seccomp.hpp"
 #include "vmm/kvm_state_json.hpp"
 #include "vmm/sparse_copy.hpp"
 #include "vmm/vcpu_state.hpp"
@@ -305,6 +306,8 @@ void Vm::kick_vcpus()
 void Vm::vcpu_loop(Vcpu& vcpu)
 {
     try {
+        if (config_.jail)
+            install_seccomp(SeccompRole::vcpu);
         while (!stopping_) {
             const ExitOutcome outcome = handle_exit(vcpu.run(), pio_, mmio_);
             switch (outcome.action) {

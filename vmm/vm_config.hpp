@@ -20,6 +20,7 @@ struct VmConfig {
     int console_fd = -1;                      // serial output goes here (not owned); -1 drops it
     std::string overlay_dir;                  // where the disk's copy-on-write overlay lives
     std::optional<std::string> vsock_uds;     // host end of the guest's vsock (hybrid convention)
+    bool jail = true;                         // false: no seccomp filters (--no-jail, debugging)
 };
 
 // The kernel command line agentvm gives its guests, before the user's extra parameters.

@@ -1,0 +1,79 @@
+// The vCPU threads' seccomp filter: what a vCPU thread needs still works under it, and any
+// other system call ends the process with one line naming the call (and status 159), never
+// letting it through. Each case runs in a forked child, since a filter cannot be undone.
+#include <doctest/doctest.h>
+
+#include <sys/ioctl.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <functional>
+#include <string>
+
+#include "vmm/seccomp.hpp"
+
+using namespace agentvm;
+
+namespace {
+
+struct ChildResult {
+    int status = 0;
+    std::string err;
+};
+
+// Runs body in a child whose stderr is captured; the child exits 0 if body returns.
+ChildResult in_filtered_child(const std::function<void()>& body)
+{
+    int pipe_fds[2];
+    REQUIRE(::pipe(pipe_fds) == 0);
+    const pid_t pid = ::fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+        ::dup2(pipe_fds[1], STDERR_FILENO);
+        ::close(pipe_fds[0]);
+        install_seccomp(SeccompRole::vcpu);
+        body();
+        ::_exit(0);
+    }
+    ::close(pipe_fds[1]);
+    ChildResult r;
+    char buffer[512];
+    ssize_t n;
+    while ((n = ::read(pipe_fds[0], buffer, sizeof buffer)) > 0)
+        r.err.append(buffer, static_cast<size_t>(n));
+    ::close(pipe_fds[0]);
+    REQUIRE(::waitpid(pid, &r.status, 0) == pid);
+    return r;
+}
+
+} // namespace
+
+TEST_CASE("a vCPU thread's own calls pass its filter")
+{
+    const auto r = in_filtered_child([] {
+        const char text[] = "still here\n";
+        if (::write(STDERR_FILENO, text, sizeof text - 1) != sizeof text - 1)
+            ::_exit(1);
+    });
+    CHECK(WIFEXITED(r.status));
+    CHECK(WEXITSTATUS(r.status) == 0);
+    CHECK(r.err == "still here\n");
+}
+
+TEST_CASE("any other call stops the process and names the call")
+{
+    const auto r = in_filtered_child([] { ::syscall(SYS_getppid); });
+    INFO("stderr: " << r.err);
+    CHECK(WIFEXITED(r.status));
+    CHECK(WEXITSTATUS(r.status) == 128 + SIGSYS);
+    CHECK(r.err.find("seccomp: a vCPU thread made system call " + std::to_string(SYS_getppid) + ",") !=
+          std::string::npos);
+}
+
+TEST_CASE("an ioctl other than a vCPU's is refused too")
+{
+    const auto r = in_filtered_child([] { ::ioctl(STDERR_FILENO, FIONREAD, nullptr); });
+    CHECK(WEXITSTATUS(r.status) == 128 + SIGSYS);
+    CHECK(r.err.find("system call " + std::to_string(SYS_ioctl) + ",") != std::string::npos);
+}
