@@ -29,6 +29,7 @@ constexpr std::array vcpu_syscalls = {
     SCMP_SYS(close),           // ... and closed, when nothing else holds them
     SCMP_SYS(rt_sigprocmask),  // the kick signal around KVM_RUN
     SCMP_SYS(rt_sigreturn),    // returning from the kick signal's handler
+    SCMP_SYS(sigaltstack),     // AddressSanitizer's runtime sets one up around handlers and exits
     SCMP_SYS(restart_syscall), // a futex wait the kick signal interrupted
     SCMP_SYS(mmap),            // malloc's arenas
     SCMP_SYS(munmap),
