@@ -500,8 +500,6 @@ void to_json(json& j, const VirtioVsock::State& s)
         {"connections", std::move(connections)},
         {"control", std::move(control)},
         {"event_pending", s.event_pending},
-        {"reset_unacknowledged", s.reset_unacknowledged},
-        {"reset_event_avail_idx", s.reset_event_avail_idx},
     };
 }
 
@@ -646,8 +644,6 @@ VirtioVsock::State state_from_json<VirtioVsock::State>(const json& j, std::strin
     for (size_t i = 0; i < control.size(); ++i)
         s.control.push_back(parse_control(control[i], element(control_path, i)));
     s.event_pending = f.boolean("event_pending");
-    s.reset_unacknowledged = f.boolean("reset_unacknowledged");
-    s.reset_event_avail_idx = f.uint<uint16_t>("reset_event_avail_idx");
     f.done();
 
     // restore() checks the CID, the counts, that connections are sorted and unique, and that

@@ -178,7 +178,6 @@ void VirtioVsock::reset()
     }
     control_.clear();
     event_pending_ = false;
-    reset_unacknowledged_ = false;
     auto old = std::move(conns_);
     conns_.clear();
     for (const auto& [id, conn] : old)
@@ -224,9 +223,8 @@ void VirtioVsock::pump()
     do {
         repump_ = false;
         const bool tx_blocked = drain_tx();
+        deliver_rx();
         deliver_events();
-        if (!reset_in_progress())
-            deliver_rx();
         if (broken_)
             break;
         // Delivering replies made room: take more tx chains.
@@ -595,16 +593,6 @@ void VirtioVsock::deliver_rx()
     }
 }
 
-bool VirtioVsock::reset_in_progress()
-{
-    if (event_pending_)
-        return true;
-    if (reset_unacknowledged_ &&
-        ctx_.queues[event_queue].driver_avail_idx(*ctx_.mem) != reset_event_avail_idx_)
-        reset_unacknowledged_ = false;
-    return reset_unacknowledged_;
-}
-
 void VirtioVsock::deliver_events()
 {
     Virtqueue& queue = ctx_.queues[event_queue];
@@ -636,8 +624,6 @@ void VirtioVsock::deliver_events()
         std::memcpy(raw.data(), &ev, raw.size());
         mark_used(event_queue, chain->head, static_cast<uint32_t>(scatter(mem, *chain, 0, raw)));
         event_pending_ = false;
-        reset_unacknowledged_ = true;
-        reset_event_avail_idx_ = queue.notify_on_next_buffer(mem);
     }
 }
 
@@ -758,8 +744,6 @@ VirtioVsock::State VirtioVsock::save() const
     State st;
     st.guest_cid = guest_cid_;
     st.event_pending = event_pending_;
-    st.reset_unacknowledged = reset_unacknowledged_;
-    st.reset_event_avail_idx = reset_event_avail_idx_;
     for (const auto& [id, conn] : conns_) {
         ConnectionState cs = conn.s;
         cs.pending.clear();
@@ -814,8 +798,6 @@ void VirtioVsock::restore(const State& state)
 
     guest_cid_ = state.guest_cid;
     event_pending_ = state.event_pending;
-    reset_unacknowledged_ = state.reset_unacknowledged;
-    reset_event_avail_idx_ = state.reset_event_avail_idx;
     control_.assign(state.control.begin(), state.control.end());
     conns_.clear();
     for (const auto& c : state.connections) {

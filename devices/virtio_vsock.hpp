@@ -28,11 +28,6 @@
 //    stops reading its socket when send_budget() is 0, and resumes on on_send_space());
 //    delivery never exceeds the guest's free credit, buf_alloc - (tx_cnt - fwd_cnt).
 //
-// A TRANSPORT_RESET (sent after a snapshot restore) is handled by the guest's event queue
-// work, independently of its rx queue: a REQUEST delivered before it would be accepted, then
-// torn down by the reset. So after queueing the event, nothing goes to rx until the driver
-// has taken the event and added an event buffer back (it refills right after handling).
-//
 // Replies the device owes the guest (RESPONSE, RST, CREDIT_UPDATE, …) wait in a bounded
 // control queue until the guest posts rx buffers; while it is full the device stops taking
 // tx chains, so a guest that sends without ever receiving only stalls itself.
@@ -185,10 +180,6 @@ public:
         std::vector<ConnectionState> connections;  // sorted by id
         std::vector<ControlState> control;          // in delivery order
         bool event_pending = false;
-        // A TRANSPORT_RESET was delivered and the driver has not yet handled it (taken it and
-        // added an event buffer back, moving the event queue's avail->idx past this value).
-        bool reset_unacknowledged = false;
-        uint16_t reset_event_avail_idx = 0;
 
         bool operator==(const State&) const = default;
     };
@@ -256,7 +247,6 @@ private:
 
     void pump();
     bool drain_tx();  // true when it stopped because the control queue is full
-    bool reset_in_progress();
     void deliver_rx();
     void deliver_events();
     void handle_packet(const VsockPacket& pkt);
@@ -282,8 +272,6 @@ private:
     std::map<VsockConnId, Connection> conns_;
     std::deque<ControlState> control_;
     bool event_pending_ = false;
-    bool reset_unacknowledged_ = false;
-    uint16_t reset_event_avail_idx_ = 0;
     VsockConnId rr_cursor_{};  // round robin between connections with data
     bool restored_ = false;  // restore() ran and no activate() since: see restore()
     bool pumping_ = false;

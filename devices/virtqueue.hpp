@@ -111,13 +111,6 @@ public:
     // (vring_need_event on used_event with event_idx, else VRING_AVAIL_F_NO_INTERRUPT).
     bool should_notify(const GuestMemory& mem);
 
-    // The driver's avail->idx now: how many buffers it has ever made available.
-    uint16_t driver_avail_idx(const GuestMemory& mem) const { return read_avail_idx(mem); }
-    // Asks the driver to notify on the next buffer it adds, however many are still
-    // available (with event_idx: avail_event = its avail->idx now). Returns that avail->idx;
-    // read it again afterwards, as a buffer added meanwhile brings no notification.
-    uint16_t notify_on_next_buffer(const GuestMemory& mem);
-
     // Chains popped but not yet returned.
     uint16_t in_flight() const { return static_cast<uint16_t>(next_avail_ - next_used_); }
 
@@ -133,7 +126,7 @@ public:
 
 private:
     uint16_t read_avail_idx(const GuestMemory& mem) const;
-    void publish_avail_event(const GuestMemory& mem, uint16_t value);
+    void publish_avail_event(const GuestMemory& mem);
     DescriptorChain read_chain(const GuestMemory& mem, uint16_t head) const;
     void validate_layout(const GuestMemory& mem) const;  // throws GuestError
 

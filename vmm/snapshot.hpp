@@ -25,9 +25,7 @@
 
 namespace agentvm {
 
-// Bumped whenever the state's schema changes: an older snapshot is refused by its format,
-// with "rebake it", instead of failing on a missing field. 2: vsock reset acknowledgement.
-inline constexpr int snapshot_format = 2;
+inline constexpr int snapshot_format = 1;
 
 struct SnapshotSummary {
     std::string dir;
