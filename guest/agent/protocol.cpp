@@ -51,13 +51,19 @@ bool optional_bool(const Json& object, const std::string& name)
     return it->get<bool>();
 }
 
+// A year: longer than any episode, and far inside what a timer or a steady_clock deadline
+// in nanoseconds can hold (1e300 seconds would overflow both).
+constexpr long max_timeout_s_whole = 365L * 24 * 3600;
+constexpr double max_timeout_s = max_timeout_s_whole;
+
 std::optional<double> optional_timeout(const Json& object)
 {
     auto timeout = object.find("timeout");
     if (timeout == object.end() || timeout->is_null())
         return std::nullopt;
-    if (!timeout->is_number() || !std::isfinite(timeout->get<double>()) || timeout->get<double>() <= 0)
-        bad_field("timeout", "must be a positive number of seconds");
+    if (!timeout->is_number() || !std::isfinite(timeout->get<double>()) || timeout->get<double>() <= 0 ||
+        timeout->get<double>() > max_timeout_s)
+        bad_field("timeout", "must be a positive number of seconds, at most " + std::to_string(max_timeout_s_whole));
     return timeout->get<double>();
 }
 
@@ -161,7 +167,8 @@ Request parse_request(std::string_view line)
     Json object;
     try {
         object = Json::parse(line);
-    } catch (const Json::parse_error& e) {
+    } catch (const Json::exception& e) {
+        // Not only syntax: a number beyond a double's range (1e999) is out_of_range.
         throw RequestError{nullptr, CallError("bad_json", e.what())};
     }
     if (!object.is_object())

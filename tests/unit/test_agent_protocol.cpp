@@ -198,6 +198,8 @@ TEST_CASE("malformed requests get the documented error codes")
     CHECK(error_code_of(R"({"id":1,"op":"exec")") == "bad_json");
     CHECK(error_code_of("\"\xff\"") == "bad_json"); // invalid UTF-8 inside a string
     CHECK(error_code_of("[1,2]") == "bad_json");
+    // Beyond a double's range: nlohmann reports out_of_range, not parse_error (found by fuzzing).
+    CHECK(error_code_of(R"({"id":1,"op":"exec","argv":["true"],"timeout":1e999})") == "bad_json");
     CHECK(error_code_of(R"({"op":"exec","argv":["x"]})") == "missing_field");
     CHECK(error_code_of(R"({"id":[1],"op":"close"})") == "bad_field");
     CHECK(error_code_of(R"({"id":1})") == "missing_field");
@@ -216,6 +218,10 @@ TEST_CASE("malformed requests get the documented error codes")
     CHECK(error_code_of(R"({"id":1,"op":"exec","argv":["x"],"timeout":0})") == "bad_field");
     CHECK(error_code_of(R"({"id":1,"op":"exec","argv":["x"],"timeout":-1})") == "bad_field");
     CHECK(error_code_of(R"({"id":1,"op":"exec","argv":["x"],"timeout":"5"})") == "bad_field");
+    // A deadline in nanoseconds would overflow (found by fuzzing the host relay under UBSan).
+    CHECK(error_code_of(R"({"id":1,"op":"exec","argv":["x"],"timeout":1e300})") == "bad_field");
+    CHECK(error_code_of(R"({"id":1,"op":"exec","argv":["x"],"timeout":31536001})") == "bad_field");
+    CHECK(std::holds_alternative<ExecRequest>(parse_request(R"({"id":1,"op":"exec","argv":["x"],"timeout":31536000})").op));
     CHECK(error_code_of(R"({"id":1,"op":"exec","argv":["x"],"max_output":-1})") == "bad_field");
     CHECK(error_code_of(R"({"id":1,"op":"exec","argv":["x"],"max_output":1.5})") == "bad_field");
     CHECK(error_code_of(R"({"id":1,"op":"exec","argv":["x"],"stream":"yes"})") == "bad_field");
