@@ -16,7 +16,7 @@ start=$SECONDS
 say() { printf 'setup: [%4ds] %s\n' "$((SECONDS - start))" "$*" >&2; }
 
 packages=(
-  build-essential meson ninja-build pkg-config
+  build-essential meson ninja-build pkg-config clang libclang-rt-14-dev
   linux-libc-dev liburing-dev libcli11-dev libspdlog-dev libfmt-dev doctest-dev
   nlohmann-json3-dev libseccomp-dev nettle-dev
   linux-source-6.1 bc flex bison libelf-dev libssl-dev dwarves xz-utils

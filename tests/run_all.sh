@@ -17,10 +17,23 @@ fi
 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
   meson test -C build-asan --suite unit --print-errorlogs || status=1
 
+# --- fuzz targets (tests/fuzz/) ---------------------------------------------------------
+# Each libFuzzer target fuzzes for a few seconds in build-fuzz/ (clang, ASan + UBSan), set up
+# and built (the fuzz targets only) by tests/fuzz/configure.sh; bench/fuzz runs them longer.
+# Without clang or libFuzzer every fuzz test reports SKIP with the reason.
+echo "tests: fuzz targets, briefly (build-fuzz/)" >&2
+rm -f build-fuzz/meson-logs/testlog.json  # never count an earlier run's
+if tests/fuzz/configure.sh build-fuzz; then
+  meson test -C build-fuzz --suite fuzz --no-rebuild --print-errorlogs || status=1
+else
+  status=1
+fi
+# --- end of fuzz targets ------------------------------------------------------------------
+
 echo "tests: every tier (build/)" >&2
 meson test -C build --print-errorlogs || status=1
 
-python3 - build-asan/meson-logs/testlog.json build/meson-logs/testlog.json <<'PY'
+python3 - build-asan/meson-logs/testlog.json build-fuzz/meson-logs/testlog.json build/meson-logs/testlog.json <<'PY'
 import json, sys
 passed = failed = skipped = 0
 for path in sys.argv[1:]:
