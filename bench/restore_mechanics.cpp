@@ -104,9 +104,10 @@ void bake(const std::string& dir)
     const Kvm kvm;
     const VmConfig config = guest_config();
     Vm vm(kvm, config);
+    const SnapshotWriter writer(kvm, config, dir);
     StopAtWrite stop(vm, [](const PortWrite& w) { return w.offset == trace_offset && w.value == baked_at; });
     check_finished(vm.run(), stop.seen(), "bake");
-    write_snapshot(kvm, vm, config, dir);
+    writer.write(vm);
 }
 
 int restore(const std::string& dir)

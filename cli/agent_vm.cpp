@@ -2,10 +2,14 @@
 
 #include <malloc.h>
 
+#include <algorithm>
+
+#include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
 #include "vmm/error.hpp"
 #include "vmm/host_check.hpp"
+#include "vmm/jail.hpp"
 #include "vmm/snapshot.hpp"
 
 namespace agentvm {
@@ -27,7 +31,7 @@ VmConfig checked_config(VmOptions& options)
 } // namespace
 
 AgentVm::AgentVm(VmOptions& options, std::chrono::milliseconds boot_timeout)
-    : boot_timeout_(boot_timeout)
+    : options_(options), boot_timeout_(boot_timeout), started_(std::chrono::steady_clock::now())
 {
     VmConfig config = checked_config(options);
     const std::optional<std::string> snapshot = options.snapshot_dir();
@@ -52,6 +56,8 @@ AgentVm::AgentVm(VmOptions& options, std::chrono::milliseconds boot_timeout)
                          e.what());
         }
     }
+    // Before guest memory exists, so that all of it is counted against the VMM's limit.
+    options.apply_limits(loaded ? loaded->config : config);
     // The console file is created only once nothing else can fail before the VM exists.
     const int console_fd = options.open_console();
     try {
@@ -72,6 +78,17 @@ AgentVm::AgentVm(VmOptions& options, std::chrono::milliseconds boot_timeout)
 
 VmResult AgentVm::run(std::function<void(Fd agent)> on_connected, std::function<void()> on_stopping)
 {
+    // Everything the VM needs by name is open; the threads that run() starts inherit the jail.
+    if (vm_->config().jail)
+        lock_down(options_.jail_spec(vm_->config()));
+    if (const auto limit = options_.episode_timeout()) {
+        episode_deadline_.emplace(vm_->event_loop(), [this, limit] {
+            time_ran_out_ = true;
+            fail(fmt::format("the episode's time limit of {} s (--episode-timeout) ran out", limit->count() / 1000));
+        });
+        const auto spent = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - started_);
+        episode_deadline_->arm(std::max(*limit - spent, std::chrono::milliseconds(1)));
+    }
     // Setting up parsed and hashed megabytes (snapshot state, kernel image) that are free now
     // but still held by malloc; an idle VM should cost the host only what it uses.
     ::malloc_trim(0);

@@ -18,8 +18,9 @@ namespace agentvm {
 class AgentVm {
 public:
     // Checks the options and the host, then builds the VM, restored from a snapshot where
-    // the options say so (VmOptions::snapshot_dir). Throws Error naming the problem; nothing
-    // has run and nothing is left behind then.
+    // the options say so (VmOptions::snapshot_dir), within the options' cgroup limits. Throws
+    // Error naming the problem; nothing has run and nothing is left behind then. `options`
+    // must outlive this.
     AgentVm(VmOptions& options, std::chrono::milliseconds boot_timeout);
     AgentVm(const AgentVm&) = delete;
     AgentVm& operator=(const AgentVm&) = delete;
@@ -27,7 +28,8 @@ public:
     Vm& vm() { return *vm_; }
     const Kvm& kvm() const { return *kvm_; }
 
-    // Runs the VM until it stops. on_connected gets the agent's socket once it answers (on
+    // Jails the process (unless --no-jail), then runs the VM until it stops, or until the
+    // episode's time limit fails it. on_connected gets the agent's socket once it answers (on
     // the loop's thread); on_stopping runs when the loop is about to stop (Vm::on_stopping).
     // A guest whose agent never answers within the boot timeout is stopped as failed.
     VmResult run(std::function<void(Fd agent)> on_connected, std::function<void()> on_stopping);
@@ -40,15 +42,21 @@ public:
     // that way the reported cause is the real one. On the loop's thread.
     void fail_unless_vm_ends(const std::string& why);
     int stop_signal() const { return signals_.received(); }
+    // Whether the episode's time limit (--episode-timeout) is what ended run().
+    bool time_ran_out() const { return time_ran_out_; }
 
 private:
+    VmOptions& options_;
     std::optional<Kvm> kvm_;
     StopSignals signals_;
     std::optional<Vm> vm_;
     std::optional<AgentLink> link_;
     std::optional<LoopTimer> grace_;
+    std::optional<LoopTimer> episode_deadline_;
     std::chrono::milliseconds boot_timeout_;
+    std::chrono::steady_clock::time_point started_;
     bool restored_ = false;
+    bool time_ran_out_ = false;
 };
 
 } // namespace agentvm

@@ -10,10 +10,12 @@
 #include <spdlog/spdlog.h>
 
 #include "cli/exit_codes.hpp"
+#include "cli/supervised.hpp"
 #include "cli/stop_signals.hpp"
 #include "cli/vm_options.hpp"
 #include "vmm/error.hpp"
 #include "vmm/host_check.hpp"
+#include "vmm/jail.hpp"
 #include "vmm/kvm.hpp"
 #include "vmm/vm.hpp"
 
@@ -51,6 +53,7 @@ int run_boot(VmOptions& options)
         throw Error(host_kvm_problem(host));
     Kvm kvm;
     StopSignals signals;
+    options.apply_limits(config);
     config.console_fd = options.open_console();
     std::optional<Vm> built;
     try {
@@ -65,6 +68,8 @@ int run_boot(VmOptions& options)
         forward_stdin(vm);
 
     spdlog::debug("kernel command line: {}", vm.cmdline());
+    if (config.jail)
+        lock_down(options.jail_spec(config));
     const VmResult result = vm.run();
     switch (result.outcome) {
     case VmOutcome::powered_off:
@@ -91,7 +96,7 @@ Subcommand add_boot_command(CLI::App& app)
     auto* boot = app.add_subcommand("boot", "Boot a guest and stay attached until it powers off");
     auto options = std::make_shared<VmOptions>(VmRole::boot);
     options->add_to(*boot);
-    return {boot, [options] { return run_boot(*options); }};
+    return {boot, [options] { return run_supervised(*options, 0, [&] { return run_boot(*options); }); }};
 }
 
 } // namespace agentvm

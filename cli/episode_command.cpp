@@ -11,6 +11,7 @@
 #include "cli/agent_vm.hpp"
 #include "cli/episode_relay.hpp"
 #include "cli/exit_codes.hpp"
+#include "cli/supervised.hpp"
 #include "cli/vm_options.hpp"
 
 namespace agentvm {
@@ -27,10 +28,12 @@ struct Failure {
     std::string message;
 };
 
-std::optional<Failure> failure_of(const VmResult& result, std::optional<EpisodeRelay::End> relay_end,
-                                  const std::string& relay_why)
+std::optional<Failure> failure_of(const VmResult& result, bool time_ran_out,
+                                  std::optional<EpisodeRelay::End> relay_end, const std::string& relay_why)
 {
     using End = EpisodeRelay::End;
+    if (time_ran_out)
+        return Failure{"episode_timeout", result.detail};
     switch (result.outcome) {
     case VmOutcome::finished:
         return std::nullopt;
@@ -77,7 +80,7 @@ int run_episode(EpisodeOptions& options)
     const VmResult result = agent_vm.run([&](Fd agent) { relay.start(std::move(agent)); },
                                          [&] { relay.stop_output(); });
 
-    const std::optional<Failure> failure = failure_of(result, relay_end, relay_why);
+    const std::optional<Failure> failure = failure_of(result, agent_vm.time_ran_out(), relay_end, relay_why);
     if (failure) {
         const size_t unanswered = relay.fail_pending(failure->code, failure->message);
         spdlog::error("{}{}", failure->message,
@@ -87,6 +90,8 @@ int run_episode(EpisodeOptions& options)
     relay.flush_output();
     if (relay_end == EpisodeRelay::End::output_failed)
         return exit_code::error;
+    if (agent_vm.time_ran_out())
+        return exit_code::episode_timed_out;
     // Only the harness ends an episode: a guest that powers off by itself has failed it.
     if (result.outcome == VmOutcome::powered_off)
         return exit_code::vm_failure;
@@ -105,7 +110,7 @@ Subcommand add_episode_command(CLI::App& app)
                         "seconds the guest agent gets to answer after the VM starts")
         ->capture_default_str()
         ->check(CLI::PositiveNumber);
-    return {episode, [options] { return run_episode(*options); }};
+    return {episode, [options] { return run_supervised(options->vm, 0, [&] { return run_episode(*options); }); }};
 }
 
 } // namespace agentvm

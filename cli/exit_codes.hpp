@@ -10,6 +10,7 @@ inline constexpr int error = 1;           // host or set-up problem: missing fil
 inline constexpr int usage = 2;           // bad flag or argument
 inline constexpr int guest_panic = 3;     // the guest kernel panicked
 inline constexpr int vm_failure = 4;      // a vCPU or device failed while running
+inline constexpr int episode_timed_out = 5;  // episode: its --episode-timeout ran out
 inline constexpr int signal_base = 128;   // stopped by signal N: 128 + N
 
 // agentvm run passes on the command's own status (0-255, 128+N for signal N), so its own

@@ -16,6 +16,7 @@
 #include "cli/async_writer.hpp"
 #include "cli/episode_relay.hpp"
 #include "cli/exit_codes.hpp"
+#include "cli/supervised.hpp"
 #include "cli/line_reader.hpp"
 #include "cli/vm_options.hpp"
 #include "guest/agent/protocol.hpp"
@@ -263,6 +264,10 @@ int run_run(RunOptions& options)
 
     if (result.outcome == VmOutcome::stopped)
         return exit_code::signal_base + agent_vm.stop_signal();
+    if (agent_vm.time_ran_out()) {
+        spdlog::error("{}", result.detail);
+        return exit_code::run_timed_out;
+    }
     if (session.broken_pipe())
         return exit_code::signal_base + SIGPIPE;
     if (result.outcome == VmOutcome::finished && session.end()) {
@@ -306,7 +311,11 @@ Subcommand add_run_command(CLI::App& app)
     run->add_flag("-i,--stdin", options->forward_stdin, "pass this process's stdin to the command");
     run->add_option("--shell", options->shell, "run STRING with bash -c instead of a command after --");
     run->add_option("command", options->argv, "the command and its arguments, after --");
-    return {run, [options] { return run_run(*options); }, exit_code::run_failure};
+    return {run,
+            [options] {
+                return run_supervised(options->vm, exit_code::run_failure, [&] { return run_run(*options); });
+            },
+            exit_code::run_failure};
 }
 
 } // namespace agentvm

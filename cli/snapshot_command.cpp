@@ -12,6 +12,7 @@
 
 #include "cli/agent_vm.hpp"
 #include "cli/exit_codes.hpp"
+#include "cli/supervised.hpp"
 #include "cli/vm_options.hpp"
 #include "guest/agent/protocol.hpp"
 #include "vmm/error.hpp"
@@ -69,6 +70,8 @@ int run_bake(BakeOptions& options)
 {
     const auto start = Clock::now();
     AgentVm agent_vm(options.vm, std::chrono::milliseconds(static_cast<int64_t>(options.boot_timeout_s * 1000)));
+    const SnapshotWriter writer(agent_vm.kvm(), agent_vm.vm().config(), options.out);
+    options.vm.keep_writable_dir(writer.parent_dir());
     Fd agent;
     double ready_ms = 0;
     std::string answers;
@@ -110,7 +113,7 @@ int run_bake(BakeOptions& options)
     check_warm_up_answers(answers);
 
     const auto save_start = Clock::now();
-    const SnapshotSummary summary = write_snapshot(agent_vm.kvm(), agent_vm.vm(), agent_vm.vm().config(), options.out);
+    const SnapshotSummary summary = writer.write(agent_vm.vm());
     const double save_ms = ms_since(save_start);
     spdlog::info("snapshot written to '{}': {:.1f} MiB of memory, {:.1f} MiB of disk, {} bytes of state, in {:.0f} ms",
                  summary.dir, static_cast<double>(summary.memory_data_bytes) / 1048576.0,
@@ -144,7 +147,7 @@ Subcommand add_snapshot_command(CLI::App& app)
         ->capture_default_str()
         ->check(CLI::PositiveNumber);
     bake->add_flag("--json", options->json, "print a JSON summary on stdout");
-    return {bake, [options] { return run_bake(*options); }};
+    return {bake, [options] { return run_supervised(options->vm, 0, [&] { return run_bake(*options); }); }};
 }
 
 } // namespace agentvm

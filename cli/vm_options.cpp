@@ -5,6 +5,7 @@
 #include <sys/sysinfo.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 
 #include <fmt/format.h>
@@ -16,6 +17,15 @@
 namespace agentvm {
 namespace {
 
+// Host memory a VMM needs beyond guest memory: its own code and heap, device buffers, io_uring,
+// the page cache of its disk and snapshot files. The default limit leaves room; below the
+// minimum a VMM cannot work.
+constexpr uint64_t vmm_overhead_mib = 256;
+constexpr uint64_t vmm_minimum_overhead_mib = 64;
+// Threads of one VMM: a vCPU each, the I/O loop, and io_uring's workers for blocking I/O.
+constexpr uint64_t vmm_max_tasks = 512;
+constexpr uint64_t file_size_slack = 64 * layout::mib;
+
 void require_readable_file(const std::string& path, const char* what, const char* flag)
 {
     struct stat st {};
@@ -25,6 +35,14 @@ void require_readable_file(const std::string& path, const char* what, const char
         throw Error(fmt::format("{} '{}' is not a file", what, path));
     if (::access(path.c_str(), R_OK) != 0)
         throw_errno(fmt::format("{} '{}' is not readable", what, path));
+}
+
+uint64_t file_size(const std::string& path)
+{
+    struct stat st {};
+    if (::stat(path.c_str(), &st) != 0)
+        throw_errno(fmt::format("stat '{}'", path));
+    return static_cast<uint64_t>(st.st_size);
 }
 
 uint64_t host_ram_bytes()
@@ -71,7 +89,22 @@ void VmOptions::add_to(CLI::App& command)
         command.add_flag("--cold", cold_, "boot, even where set-up's default snapshot exists");
     }
     command.add_flag("--no-jail", no_jail_,
-                     "debugging only: run the VMM without its seccomp filters (a hostile guest then meets fewer walls)");
+                     "debugging only: run the VMM without its jail, seccomp filters and cgroup limits "
+                     "(a hostile guest then meets fewer walls)");
+    command.add_option("--cpu-quota", cpu_quota_,
+                       "host CPU time the VMM may use, in cores (default: one per vCPU; 0: no quota)")
+        ->check(CLI::NonNegativeNumber);
+    command.add_option("--vmm-mem", vmm_mem_mib_,
+                       fmt::format("host memory the VMM may use in MiB, guest memory included (default: --mem + {}; "
+                                   "0: no limit)",
+                                   vmm_overhead_mib))
+        ->check(CLI::NonNegativeNumber);
+    if (role_ == VmRole::agent)
+        command.add_option("--episode-timeout", episode_timeout_s_,
+                           "seconds the whole episode may last; then every pending call fails and the VM stops "
+                           "(0: no limit)")
+            ->capture_default_str()
+            ->check(CLI::NonNegativeNumber);
     if (role_ == VmRole::boot)
         console->capture_default_str();
     else
@@ -83,7 +116,7 @@ VmConfig VmOptions::resolve()
     VmConfig config;
     config.jail = !no_jail_;
     if (no_jail_)
-        spdlog::warn("--no-jail: the VMM runs without its seccomp filters; use it only to debug");
+        spdlog::warn("--no-jail: the VMM runs without its jail, seccomp filters and cgroup limits; use it only to debug");
     config.kernel_path = kernel_.empty() ? default_guest_file("vmlinux") : kernel_;
     config.rootfs_path = rootfs_.empty() ? default_guest_file("rootfs.ext4") : rootfs_;
     require_readable_file(config.kernel_path, "kernel", "--kernel");
@@ -146,6 +179,49 @@ int VmOptions::open_console()
     if (!console_fd_)
         throw_errno(fmt::format("cannot open console file '{}' (--console)", console_));
     return console_fd_.get();
+}
+
+void VmOptions::apply_limits(const VmConfig& config) const
+{
+    if (!cgroup_)
+        return;
+    CgroupLimits limits;
+    limits.cpu_cores = cpu_quota_ < 0 ? static_cast<double>(config.vcpus) : cpu_quota_;
+    const uint64_t floor_mib = config.mem_mib + vmm_minimum_overhead_mib;
+    if (vmm_mem_mib_ > 0 && static_cast<uint64_t>(vmm_mem_mib_) < floor_mib)
+        throw Error(fmt::format("--vmm-mem {} MiB is too little: the guest's {} MiB of memory and the VMM's own "
+                                "{} MiB need at least {} MiB",
+                                vmm_mem_mib_, config.mem_mib, vmm_minimum_overhead_mib, floor_mib));
+    const uint64_t mem_mib = vmm_mem_mib_ < 0 ? config.mem_mib + vmm_overhead_mib : static_cast<uint64_t>(vmm_mem_mib_);
+    limits.memory_bytes = mem_mib * layout::mib;
+    limits.max_pids = vmm_max_tasks;
+    cgroup_->limit(limits);
+}
+
+JailSpec VmOptions::jail_spec(const VmConfig& config) const
+{
+    JailSpec spec;
+    spec.dirs = kept_dirs_;
+    if (config.vsock_uds) {
+        // The listening socket is removed at exit, and the guest's connections to host port P
+        // go to <path>_P: the VMM keeps the socket's directory, writable.
+        const auto dir = std::filesystem::absolute(*config.vsock_uds).parent_path();
+        spec.dirs.push_back({dir.string(), true});
+    }
+    // The largest file the VMM writes is the size of guest memory (a snapshot's) or of the disk
+    // (its overlay, a snapshot's copy); the console log is held to the same.
+    uint64_t largest = config.mem_mib * layout::mib;
+    if (config.rootfs_path)
+        largest = std::max(largest, file_size(*config.rootfs_path));
+    spec.max_file_bytes = largest + file_size_slack;
+    return spec;
+}
+
+std::optional<std::chrono::milliseconds> VmOptions::episode_timeout() const
+{
+    if (role_ != VmRole::agent || episode_timeout_s_ == 0)
+        return std::nullopt;
+    return std::chrono::milliseconds(static_cast<int64_t>(episode_timeout_s_ * 1000));
 }
 
 void VmOptions::discard_console()

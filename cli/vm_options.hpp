@@ -4,11 +4,15 @@
 
 #include <CLI/CLI.hpp>
 
+#include <chrono>
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
+#include "vmm/cgroup.hpp"
 #include "vmm/fd.hpp"
+#include "vmm/jail.hpp"
 #include "vmm/vm_config.hpp"
 
 namespace agentvm {
@@ -42,6 +46,21 @@ public:
     // Removes the console file again if open_console() created it and the VM never ran.
     void discard_console();
 
+    // The jail and the limits (SECURITY.md). Without --no-jail the command's VM runs in a
+    // jailed child process (run_jailed); these are for that child.
+    bool jailed() const { return !no_jail_; }
+    // The cgroup the supervisor made for this VMM, or none: --cpu-quota 0 --vmm-mem 0.
+    bool wants_cgroup() const { return cpu_quota_ != 0 || vmm_mem_mib_ != 0; }
+    void attach_cgroup(VmCgroup* cgroup) { cgroup_ = cgroup; }
+    // Once the VM's vCPU count and memory size are known (a snapshot may set them): the
+    // cgroup limits. Throws Error for a --vmm-mem too small for the guest.
+    void apply_limits(const VmConfig& config) const;
+    // A directory the VMM must still write in by name after it is jailed (a snapshot's).
+    void keep_writable_dir(std::string dir) { kept_dirs_.push_back({std::move(dir), true}); }
+    JailSpec jail_spec(const VmConfig& config) const;
+    // agent role: how long the whole episode may last (--episode-timeout), counted from start.
+    std::optional<std::chrono::milliseconds> episode_timeout() const;
+
 private:
     VmRole role_;
     std::string kernel_;
@@ -55,6 +74,11 @@ private:
     std::string snapshot_;
     bool cold_ = false;
     bool no_jail_ = false;
+    double cpu_quota_ = -1;         // unset: one core per vCPU
+    int64_t vmm_mem_mib_ = -1;      // unset: guest memory + vmm_overhead_mib
+    double episode_timeout_s_ = 3600;
+    VmCgroup* cgroup_ = nullptr;
+    std::vector<JailDir> kept_dirs_;
     CLI::App* command_ = nullptr;
     Fd console_fd_;
     bool console_created_ = false;

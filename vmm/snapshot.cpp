@@ -180,16 +180,15 @@ private:
 
 } // namespace
 
-SnapshotSummary write_snapshot(const Kvm& kvm, const Vm& vm, const VmConfig& config, const std::string& dir)
+SnapshotWriter::SnapshotWriter(const Kvm& kvm, const VmConfig& config, const std::string& dir)
+    : target_(fs::absolute(dir)), dir_(dir)
 {
-    const fs::path target = fs::absolute(dir);
-    if (fs::exists(target))
+    if (fs::exists(target_))
         throw Error(fmt::format("snapshot directory '{}' already exists; remove it or choose another --out", dir));
-    PartialDir partial(target);
-    SnapshotSummary summary;
-    summary.dir = target.string();
-
-    json manifest;
+    if (!fs::is_directory(target_.parent_path()))
+        throw Error(fmt::format("cannot create snapshot directory '{}': '{}' is not a directory", dir,
+                                target_.parent_path().string()));
+    json& manifest = manifest_;
     manifest["format"] = snapshot_format;
     manifest["agentvm_version"] = AGENTVM_VERSION;
     manifest["vcpus"] = config.vcpus;
@@ -198,6 +197,16 @@ SnapshotSummary write_snapshot(const Kvm& kvm, const Vm& vm, const VmConfig& con
     if (config.rootfs_path)
         manifest["rootfs"] = input_file(*config.rootfs_path, "root filesystem");
     manifest["host_cpu"] = host_cpu(kvm);
+}
+
+SnapshotSummary SnapshotWriter::write(const Vm& vm) const
+{
+    if (fs::exists(target_))
+        throw Error(fmt::format("snapshot directory '{}' already exists; remove it or choose another --out", dir_));
+    PartialDir partial(target_);
+    SnapshotSummary summary;
+    summary.dir = target_.string();
+    json manifest = manifest_;
 
     const std::vector<uint8_t> state = encode_cbor(vm.save_state());
     Fd state_fd = create_file(partial.path() / state_name);
@@ -223,7 +232,7 @@ SnapshotSummary write_snapshot(const Kvm& kvm, const Vm& vm, const VmConfig& con
     write_all(manifest_fd.get(), text.data(), text.size(), manifest_name);
     if (::fsync(manifest_fd.get()) != 0)
         throw_errno("fsync manifest.json");
-    partial.commit(target);
+    partial.commit(target_);
     return summary;
 }
 

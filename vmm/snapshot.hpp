@@ -17,7 +17,10 @@
 #pragma once
 
 #include <cstdint>
+#include <filesystem>
 #include <string>
+
+#include <nlohmann/json.hpp>
 
 #include "vmm/kvm.hpp"
 #include "vmm/vm.hpp"
@@ -34,9 +37,23 @@ struct SnapshotSummary {
     uint64_t state_bytes = 0;
 };
 
-// Writes the snapshot of `vm` (whose run() has returned) booted with `config` to `dir`, which
-// must not exist yet. Throws Error; nothing is left behind then.
-SnapshotSummary write_snapshot(const Kvm& kvm, const Vm& vm, const VmConfig& config, const std::string& dir);
+// A snapshot to be written to `dir`, which must not exist yet. What the manifest records of the
+// VM's inputs (kernel, rootfs, host CPU) is read when the writer is made, before the VM runs:
+// once the VMM is jailed, the kernel and rootfs are out of its reach by name, and only
+// parent_dir() is left writable. Throws Error; nothing is left behind then.
+class SnapshotWriter {
+public:
+    SnapshotWriter(const Kvm& kvm, const VmConfig& config, const std::string& dir);
+    // Where the snapshot is written and then renamed into place.
+    std::string parent_dir() const { return target_.parent_path().string(); }
+    // Writes the snapshot of `vm`, whose run() has returned.
+    SnapshotSummary write(const Vm& vm) const;
+
+private:
+    std::filesystem::path target_;
+    std::string dir_;
+    nlohmann::json manifest_;
+};
 
 struct LoadedSnapshot {
     VmConfig config;      // the caller's, with the snapshot's vCPU count and memory size

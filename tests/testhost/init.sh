@@ -40,6 +40,8 @@ mount -t 9p -o "$P9,cache=none" run /run-share || fail "mount run share"
 mount -t 9p -o "$P9,ro,cache=loose" root /newroot || fail "mount host root"
 mount -t proc proc /newroot/proc
 mount -t sysfs sys /newroot/sys
+# agentvm puts every VMM in a cgroup of its own (cgroup v2, as on a systemd host).
+mount -t cgroup2 cgroup2 /newroot/sys/fs/cgroup
 mount -t devtmpfs dev /newroot/dev
 mkdir -p /newroot/dev/pts /newroot/dev/shm
 mount -t devpts -o newinstance,ptmxmode=0666 devpts /newroot/dev/pts

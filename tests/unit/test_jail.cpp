@@ -1,0 +1,228 @@
+// The VMM's supervisor, jail and cgroup (needs root, as agentvm does): the VMM child is PID 1
+// of its own namespace and starts with only stdin, stdout and stderr; its status comes back,
+// a kill is reported, a deadline is kept; lock_down leaves the child only the directories it
+// keeps, read-only elsewhere, no capabilities, no network, the rlimits asked; the cgroup
+// holds the child, enforces its memory limit and is gone afterwards.
+//
+// Each case runs supervise() in a forked test process that then _exits: a process that has
+// made a PID namespace for its children can start no more threads, which the sanitizers'
+// leak check at exit needs.
+#include <doctest/doctest.h>
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <linux/capability.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "vmm/cgroup.hpp"
+#include "vmm/jail.hpp"
+#include "vmm/supervisor.hpp"
+
+using namespace agentvm;
+namespace fs = std::filesystem;
+
+namespace {
+
+// Runs body in a forked process and returns what it exited with (-1: killed).
+int in_test_process(const std::function<int()>& body)
+{
+    std::fflush(nullptr);  // or the children would print the runner's buffered output again
+    const pid_t pid = ::fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+        int code = 99;
+        try {
+            code = body();
+        } catch (const std::exception& e) {
+            std::fprintf(stderr, "test process: %s\n", e.what());
+        }
+        ::_exit(code);
+    }
+    int status = 0;
+    REQUIRE(::waitpid(pid, &status, 0) == pid);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+// supervise() in a test process: its status, or 98 if the VMM side ever returned there.
+int supervised(const Supervision& supervision, const std::function<int()>& vmm)
+{
+    return in_test_process([&] {
+        const int status = supervise(supervision, vmm);
+        if (::getpid() == 1)
+            ::_exit(status);  // the VMM child: its body's result
+        return status;
+    });
+}
+
+std::string slurp(const fs::path& path)
+{
+    std::ifstream in(path);
+    std::stringstream text;
+    text << in.rdbuf();
+    return text.str();
+}
+
+struct TempDir {
+    fs::path path;
+    TempDir()
+    {
+        char name[] = "/tmp/agentvm-jail-test-XXXXXX";
+        REQUIRE(::mkdtemp(name) != nullptr);
+        path = name;
+    }
+    ~TempDir() { fs::remove_all(path); }
+};
+
+} // namespace
+
+TEST_CASE("the VMM child is PID 1 of its own namespace and starts with stdio only")
+{
+    const int fd = ::open("/dev/null", O_RDONLY);  // inherited: must be closed in the child
+    REQUIRE(fd >= 3);
+    const int status = supervised({}, [fd] {
+        if (::getpid() != 1)
+            return 10;
+        if (::fcntl(fd, F_GETFD) != -1 || errno != EBADF)
+            return 11;
+        if (::fcntl(STDERR_FILENO, F_GETFD) == -1)
+            return 12;
+        return 42;
+    });
+    ::close(fd);
+    CHECK(status == 42);
+}
+
+TEST_CASE("a VMM killed by a signal is reported with the killed code")
+{
+    Supervision supervision;
+    supervision.killed_code = 77;
+    // The test runner's crash handler must not catch it in the child.
+    const auto crash = [] {
+        std::signal(SIGILL, SIG_DFL);
+        __builtin_trap();
+        return 0;
+    };
+    CHECK(supervised(supervision, crash) == 77);
+    CHECK(supervised({}, crash) == 128 + SIGILL);
+}
+
+TEST_CASE("a VMM still running at its hard deadline is killed")
+{
+    Supervision supervision;
+    supervision.hard_deadline = std::chrono::milliseconds(200);
+    supervision.killed_code = 66;
+    const auto start = std::chrono::steady_clock::now();
+    CHECK(supervised(supervision, [] {
+              for (;;)
+                  ::pause();
+              return 0;
+          }) == 66);
+    CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(20));
+}
+
+TEST_CASE("lock_down leaves the kept directory, and nothing else of the host, without privileges")
+{
+    TempDir kept;
+    const int status = supervised({}, [&] {
+        JailSpec spec;
+        spec.dirs = {{kept.path.string(), true}};
+        spec.max_open_files = 128;
+        spec.max_file_bytes = 1 << 20;
+        lock_down(spec);
+        std::vector<std::string> seen;
+        auto note = [&](const std::string& what, bool ok) { seen.push_back(what + (ok ? "=ok" : "=BAD")); };
+        {
+            std::ofstream out(kept.path / "written");
+            out << "inside";
+            note("kept dir writable", static_cast<bool>(out));
+        }
+        note("host file gone", ::access("/etc/passwd", F_OK) != 0 && errno == ENOENT);
+        note("proc gone", ::access("/proc/self", F_OK) != 0);
+        note("root read-only", ::mkdir("/new", 0755) != 0 && errno == EROFS);
+        __user_cap_header_struct header{_LINUX_CAPABILITY_VERSION_3, 0};
+        __user_cap_data_struct caps[2] = {};
+        note("capget", ::syscall(SYS_capget, &header, caps) == 0);
+        note("no capabilities", caps[0].effective == 0 && caps[0].permitted == 0 && caps[1].effective == 0 &&
+                                    caps[1].permitted == 0 && ::prctl(PR_CAPBSET_READ, CAP_SYS_ADMIN) == 0);
+        note("no_new_privs", ::prctl(PR_GET_NO_NEW_PRIVS, 0, 0, 0, 0) == 1);
+        rlimit files{}, size{};
+        ::getrlimit(RLIMIT_NOFILE, &files);
+        ::getrlimit(RLIMIT_FSIZE, &size);
+        note("open files limit", files.rlim_cur == 128 && files.rlim_max == 128);
+        note("file size limit", size.rlim_cur == (1 << 20));
+        const int sock = ::socket(AF_INET, SOCK_STREAM, 0);
+        sockaddr_in loopback{};
+        loopback.sin_family = AF_INET;
+        loopback.sin_port = htons(22);
+        loopback.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        note("no network", ::connect(sock, reinterpret_cast<sockaddr*>(&loopback), sizeof loopback) != 0 &&
+                               errno == ENETUNREACH);
+        std::ofstream report(kept.path / "report");
+        for (const auto& line : seen)
+            report << line << "\n";
+        return 0;
+    });
+    CHECK(status == 0);
+    CHECK(slurp(kept.path / "written") == "inside");
+    const std::string report = slurp(kept.path / "report");
+    INFO(report);
+    CHECK(report.find("=BAD") == std::string::npos);
+    CHECK(report.find("no network=ok") != std::string::npos);
+}
+
+TEST_CASE("the VMM's cgroup holds it, enforces its memory limit, and is removed after it")
+{
+    const int status = in_test_process([&] {
+        std::vector<std::string> dirs;
+        int result = 0;
+        {
+            VmCgroup cgroup = VmCgroup::create();
+            dirs = cgroup.dirs();
+            for (const auto& dir : dirs)
+                if (!fs::is_directory(dir))
+                    return 20;
+            Supervision supervision;
+            supervision.cgroup = &cgroup;
+            supervision.killed_code = 55;
+            const int vmm_status = supervise(supervision, [&] {
+                cgroup.limit({0.5, 64 << 20, 64});
+                // Touch far more than the limit: the kernel's OOM killer must end this process.
+                const size_t size = size_t{512} << 20;
+                auto* bytes = static_cast<volatile char*>(std::malloc(size));
+                for (size_t i = 0; bytes && i < size; i += 4096)
+                    bytes[i] = 1;
+                return 21;
+            });
+            if (::getpid() == 1)
+                ::_exit(vmm_status);
+            if (vmm_status != 55)
+                return vmm_status;
+            result = cgroup.memory_limit_hit() ? 0 : 22;
+        }
+        for (const auto& dir : dirs)
+            if (fs::exists(dir))
+                return 23;
+        return result;
+    });
+    CHECK(status == 0);
+}

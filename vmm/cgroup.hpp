@@ -1,0 +1,59 @@
+// A cgroup per VMM, holding its host CPU quota, memory and process-count limits.
+//
+// cgroup v2 where the host runs it unified (/sys/fs/cgroup/cgroup.controllers exists), v1
+// otherwise (one hierarchy per controller under /sys/fs/cgroup/<controller>). The group is
+// made by the supervisor before the VMM process exists and removed by it after the VMM has
+// ended, so a VMM that is killed (by its memory limit, by SIGKILL) leaves nothing behind:
+//   v1: <controller mount>/<agentvm's own cgroup>/agentvm-<supervisor pid>, per controller;
+//   v2: /sys/fs/cgroup/agentvm/vm-<supervisor pid>. Under v2 a group with processes cannot
+//       hand controllers to children, and agentvm's own group usually has processes, so the
+//       parent "agentvm" sits at the root (which is exempt), where its controllers are enabled.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace agentvm {
+
+struct CgroupLimits {
+    double cpu_cores = 0;      // CPU quota in cores (0: none)
+    uint64_t memory_bytes = 0; // hard limit on the VMM's memory, guest RAM included (0: none)
+    uint64_t max_pids = 0;     // threads and processes (0: none)
+};
+
+class VmCgroup {
+public:
+    // Creates the (empty) group for the VMM the calling process supervises. Throws Error
+    // naming the problem (no cgroup filesystem, a controller missing, no permission).
+    static VmCgroup create();
+    VmCgroup(VmCgroup&& other) noexcept;
+    VmCgroup& operator=(VmCgroup&&) = delete;
+    VmCgroup(const VmCgroup&) = delete;
+    ~VmCgroup();
+
+    bool unified() const { return unified_; }
+    // In the VMM process: moves the calling process in, then applies the limits.
+    void join() const;
+    void limit(const CgroupLimits& limits) const;
+    // After the VMM has ended: whether its memory limit was hit (a kill would then be the
+    // kernel's OOM killer acting on the limit).
+    bool memory_limit_hit() const;
+    // The VMM process's copy must not remove the group it runs in; only the supervisor's does.
+    void disown() { owned_ = false; }
+    // Where the group lives (one directory per v1 controller), for messages and tests.
+    const std::vector<std::string>& dirs() const { return dirs_; }
+
+private:
+    VmCgroup(bool unified, std::vector<std::string> dirs) : unified_(unified), dirs_(std::move(dirs)) {}
+    std::string dir_for(const char* controller) const;
+    void remove();
+
+    bool unified_;
+    std::vector<std::string> dirs_;
+    bool owned_ = true;
+};
+
+} // namespace agentvm

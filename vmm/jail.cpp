@@ -1,0 +1,131 @@
+#include "vmm/jail.hpp"
+
+#include <fcntl.h>
+#include <linux/capability.h>
+#include <linux/close_range.h>
+#include <linux/securebits.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/mount.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <csignal>
+#include <ctime>
+#include <filesystem>
+
+#include <fmt/format.h>
+
+#include "vmm/error.hpp"
+#include "vmm/fd.hpp"
+
+namespace agentvm {
+namespace {
+
+// Any directory every Linux host has: the new root is mounted over it, in the VMM's own mount
+// namespace only, and the directories to keep are reached through descriptors opened before.
+constexpr const char* staging = "/tmp";
+
+void check(int rc, const std::string& what)
+{
+    if (rc != 0)
+        throw_errno("jail: " + what);
+}
+
+void make_dirs(const std::string& path)
+{
+    std::error_code ec;
+    std::filesystem::create_directories(path, ec);
+    if (ec)
+        throw Error(fmt::format("jail: creating '{}' in the new root: {}", path, ec.message()));
+}
+
+void set_limit(int resource, uint64_t value, const char* name)
+{
+    const rlimit limit{value, value};
+    check(::setrlimit(resource, &limit), fmt::format("setting {} to {}", name, value));
+}
+
+void drop_capabilities()
+{
+    // Root keeps no special treatment from here on, for this thread and all it starts.
+    check(::prctl(PR_SET_SECUREBITS, SECBIT_NOROOT | SECBIT_NOROOT_LOCKED | SECBIT_NO_SETUID_FIXUP |
+                                         SECBIT_NO_SETUID_FIXUP_LOCKED | SECBIT_KEEP_CAPS_LOCKED),
+          "locking the securebits");
+    for (unsigned long cap = 0; ::prctl(PR_CAPBSET_READ, cap) >= 0; ++cap)
+        check(::prctl(PR_CAPBSET_DROP, cap), fmt::format("dropping capability {} from the bounding set", cap));
+    check(::prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0), "clearing the ambient capabilities");
+    __user_cap_header_struct header{_LINUX_CAPABILITY_VERSION_3, 0};
+    __user_cap_data_struct none[_LINUX_CAPABILITY_U32S_3] = {};
+    check(static_cast<int>(::syscall(SYS_capset, &header, none)), "dropping every capability");
+}
+
+} // namespace
+
+void close_inherited_fds()
+{
+    check(static_cast<int>(::syscall(SYS_close_range, 3U, ~0U, 0U)), "closing inherited file descriptors");
+}
+
+void lock_down(const JailSpec& spec)
+{
+    // Log lines carry local time; the zone file is out of reach once the root has moved.
+    ::tzset();
+    set_limit(RLIMIT_NOFILE, spec.max_open_files, "RLIMIT_NOFILE");
+    if (spec.max_file_bytes > 0) {
+        set_limit(RLIMIT_FSIZE, spec.max_file_bytes, "RLIMIT_FSIZE");
+        // A write past the limit then fails with EFBIG, which the writer reports, rather than
+        // killing the VMM.
+        std::signal(SIGXFSZ, SIG_IGN);
+    }
+    set_limit(RLIMIT_CORE, 0, "RLIMIT_CORE");  // a core dump would hold guest memory
+
+    check(::unshare(CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWNET), "unsharing namespaces");
+    // Nothing mounted for the jail may show up on the host, nor the host's later mounts here.
+    check(::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr), "making the mounts private");
+
+    // Parents before children, so a directory inside another kept one is bound on top of it.
+    std::vector<JailDir> dirs = spec.dirs;
+    std::sort(dirs.begin(), dirs.end(), [](const JailDir& a, const JailDir& b) { return a.path < b.path; });
+    std::vector<Fd> sources;
+    for (const auto& dir : dirs) {
+        if (dir.path.empty() || dir.path.front() != '/')
+            throw Error(fmt::format("jail: '{}' is not an absolute path", dir.path));
+        sources.emplace_back(::open(dir.path.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
+        if (!sources.back())
+            throw_errno(fmt::format("jail: opening '{}'", dir.path));
+    }
+    check(::mount("agentvm-jail", staging, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, "mode=0755,size=16k"),
+          "mounting the new root");
+    constexpr unsigned long hardened = MS_NOSUID | MS_NODEV | MS_NOEXEC;
+    for (size_t i = 0; i < dirs.size(); ++i) {
+        const std::string target = std::string(staging) + dirs[i].path;
+        make_dirs(target);
+        const std::string source = fmt::format("/proc/self/fd/{}", sources[i].get());
+        // Not recursive: what is mounted below a kept directory stays out, and so does the new
+        // root itself when it covers one (a snapshot baked into /tmp/...).
+        check(::mount(source.c_str(), target.c_str(), nullptr, MS_BIND, nullptr),
+              fmt::format("binding '{}'", dirs[i].path));
+        check(::mount(nullptr, target.c_str(), nullptr,
+                      MS_BIND | MS_REMOUNT | hardened | (dirs[i].writable ? 0 : MS_RDONLY), nullptr),
+              fmt::format("restricting '{}'", dirs[i].path));
+    }
+    sources.clear();
+    check(::chdir(staging), "entering the new root");
+    // pivot_root(".", ".") stacks the old root under the new one, where it is detached at once.
+    check(static_cast<int>(::syscall(SYS_pivot_root, ".", ".")), "pivot_root");
+    check(::umount2(".", MNT_DETACH), "detaching the host's root");
+    check(::chdir("/"), "entering the new root");
+    check(::mount(nullptr, "/", nullptr, MS_BIND | MS_REMOUNT | MS_RDONLY | hardened, nullptr),
+          "making the new root read-only");
+
+    check(::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "setting no_new_privs");
+    drop_capabilities();
+}
+
+} // namespace agentvm

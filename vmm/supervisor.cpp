@@ -1,0 +1,136 @@
+#include "vmm/supervisor.hpp"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include "vmm/error.hpp"
+#include "vmm/fd.hpp"
+#include "vmm/jail.hpp"
+
+namespace agentvm {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+sigset_t supervisor_signals()
+{
+    sigset_t set;
+    sigemptyset(&set);
+    for (const int sig : {SIGCHLD, SIGINT, SIGTERM, SIGHUP})
+        sigaddset(&set, sig);
+    return set;
+}
+
+[[noreturn]] void child_failed(const char* what)
+{
+    // Before the VMM's own error reporting exists: one line, then the status a failure gets.
+    const std::string line = fmt::format("agentvm: error: starting the VMM: {}: {}\n", what, std::strerror(errno));
+    [[maybe_unused]] const ssize_t written = ::write(STDERR_FILENO, line.data(), line.size());
+    ::_exit(1);
+}
+
+// The child's first steps. `parent_alive` is the read end of a pipe only the parent holds open:
+// once PR_SET_PDEATHSIG is set, a parent that died before can be seen by its end being closed.
+void enter_child(const Supervision& supervision, int parent_alive)
+{
+    if (::prctl(PR_SET_PDEATHSIG, SIGKILL) != 0)
+        child_failed("PR_SET_PDEATHSIG");
+    pollfd hangup{parent_alive, 0, 0};
+    if (::poll(&hangup, 1, 0) != 0)
+        ::_exit(1);
+    if (supervision.cgroup) {
+        supervision.cgroup->disown();
+        supervision.cgroup->join();
+    }
+    close_inherited_fds();
+    // SIGINT, SIGTERM and SIGHUP stay blocked until the VMM takes them through its signalfd
+    // (cli/stop_signals.hpp): as PID 1 of its namespace it would ignore them otherwise, and
+    // one passed on early stays pending. It has no children to hear of.
+    sigset_t chld;
+    sigemptyset(&chld);
+    sigaddset(&chld, SIGCHLD);
+    sigprocmask(SIG_UNBLOCK, &chld, nullptr);
+}
+
+int status_of(int status, const Supervision& supervision, bool killed_at_deadline)
+{
+    if (WIFEXITED(status))
+        return WEXITSTATUS(status);
+    const int sig = WTERMSIG(status);
+    if (killed_at_deadline)
+        spdlog::error("the VMM did not stop at the end of its time limit and was killed");
+    else if (supervision.cgroup && supervision.cgroup->memory_limit_hit())
+        spdlog::error("the VMM was killed by the kernel: it reached its memory limit (--vmm-mem)");
+    else
+        spdlog::error("the VMM was killed by signal {} ({})", sig, strsignal(sig));
+    return supervision.killed_code ? supervision.killed_code : 128 + sig;
+}
+
+} // namespace
+
+int supervise(const Supervision& supervision, const std::function<int()>& vmm)
+{
+    const sigset_t set = supervisor_signals();
+    sigset_t old;
+    sigprocmask(SIG_BLOCK, &set, &old);
+    int pipe_fds[2];
+    if (::pipe2(pipe_fds, O_CLOEXEC) != 0)
+        throw_errno("creating the supervisor's pipe");
+    Fd parent_alive(pipe_fds[0]);
+    Fd parent_end(pipe_fds[1]);
+    if (::unshare(CLONE_NEWPID) != 0)
+        throw_errno("jail: creating the VMM's PID namespace");
+    const auto started = Clock::now();
+    const pid_t child = ::fork();
+    if (child < 0)
+        throw_errno("starting the VMM process");
+    if (child == 0) {
+        parent_end.reset();
+        enter_child(supervision, parent_alive.get());
+        return vmm();
+    }
+    parent_alive.reset();
+    bool killed_at_deadline = false;
+    for (;;) {
+        timespec wait{1, 0};
+        if (supervision.hard_deadline && !killed_at_deadline) {
+            const auto left = *supervision.hard_deadline - (Clock::now() - started);
+            if (left <= Clock::duration::zero()) {
+                ::kill(child, SIGKILL);
+                killed_at_deadline = true;
+                continue;
+            }
+            const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(left).count();
+            wait = {static_cast<time_t>(ms / 1000), static_cast<long>(ms % 1000) * 1000000};
+        } else {
+            wait = {3600, 0};
+        }
+        siginfo_t info{};
+        const int sig = ::sigtimedwait(&set, &info, &wait);
+        if (sig < 0 && errno != EAGAIN && errno != EINTR)
+            throw_errno("supervisor: waiting for signals");
+        if (sig == SIGINT || sig == SIGTERM || sig == SIGHUP) {
+            ::kill(child, sig);
+            continue;
+        }
+        int status = 0;
+        const pid_t done = ::waitpid(child, &status, WNOHANG);
+        if (done == child) {
+            sigprocmask(SIG_SETMASK, &old, nullptr);
+            return status_of(status, supervision, killed_at_deadline);
+        }
+    }
+}
+
+} // namespace agentvm
