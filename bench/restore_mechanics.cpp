@@ -11,6 +11,10 @@
 //                the guest's first port write, and prints on stdout the CLOCK_MONOTONIC time
 //                in ns at which that write reached the VMM. Exits 0 only if the write is
 //                count baked_at + 1: proof that the guest went on exactly where it stopped.
+//   restore-jailed DIR
+//                the same, jailed as agentvm's commands are (vmm/supervisor.hpp,
+//                vmm/jail.hpp): a supervised child in its own cgroup and namespaces, locked
+//                down once the VM is built, the I/O loop thread filtered too.
 //
 // /dev/kvm may be PVM: trace_counter takes no interrupt or exception.
 #include <algorithm>
@@ -29,9 +33,12 @@
 #include <spdlog/spdlog.h>
 
 #include "vmm/bus.hpp"
+#include "vmm/cgroup.hpp"
 #include "vmm/error.hpp"
+#include "vmm/jail.hpp"
 #include "vmm/kvm.hpp"
 #include "vmm/snapshot.hpp"
+#include "vmm/supervisor.hpp"
 #include "vmm/vm.hpp"
 
 using namespace agentvm;
@@ -110,16 +117,25 @@ void bake(const std::string& dir)
     writer.write(vm);
 }
 
-int restore(const std::string& dir)
+// cgroup: jailed, in this cgroup (as AgentVm and VmOptions do it); null: not jailed.
+int restore(const std::string& dir, VmCgroup* cgroup)
 {
     const Kvm kvm;
     // vcpus and mem_mib 0: what the snapshot recorded, as `agentvm run --snapshot` asks.
     VmConfig wanted = guest_config();
     wanted.vcpus = 0;
     wanted.mem_mib = 0;
+    wanted.jail = cgroup != nullptr;
+    wanted.run_thread_filter = SeccompRole::io_loop;
     LoadedSnapshot loaded = load_snapshot(kvm, dir, std::move(wanted));
+    if (cgroup)
+        cgroup->limit({static_cast<double>(loaded.config.vcpus), (loaded.config.mem_mib + 256) << 20, 512});
     Vm vm(kvm, loaded.config, std::move(loaded.data));
     StopAtWrite stop(vm, [](const PortWrite&) { return true; });
+    if (cgroup) {
+        cgroup->wait_joined();
+        lock_down(JailSpec{});
+    }
     check_finished(vm.run(), stop.seen(), "restore");
     if (stop.seen()->offset != trace_offset || stop.seen()->value != baked_at + 1) {
         spdlog::error("the restored guest's first port write is {} to port {:#x}, expected count {} to port "
@@ -143,8 +159,8 @@ int main(int argc, char** argv)
     spdlog::set_level(spdlog::level::warn);
 
     const std::string mode = argc == 3 ? argv[1] : "";
-    if (mode != "bake" && mode != "restore") {
-        fmt::print(stderr, "usage: restore-mechanics-probe bake DIR | restore DIR\n");
+    if (mode != "bake" && mode != "restore" && mode != "restore-jailed") {
+        fmt::print(stderr, "usage: restore-mechanics-probe bake DIR | restore DIR | restore-jailed DIR\n");
         return 2;
     }
     try {
@@ -152,7 +168,12 @@ int main(int argc, char** argv)
             bake(argv[2]);
             return 0;
         }
-        return restore(argv[2]);
+        if (mode == "restore")
+            return restore(argv[2], nullptr);
+        VmCgroup cgroup = VmCgroup::create();
+        Supervision supervision;
+        supervision.cgroup = &cgroup;
+        return supervise(supervision, [&] { return restore(argv[2], &cgroup); });
     } catch (const std::exception& e) {
         spdlog::error("{}", e.what());
         return 1;

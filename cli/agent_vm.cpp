@@ -67,6 +67,7 @@ AgentVm::AgentVm(VmOptions& options, std::chrono::milliseconds boot_timeout)
             restored_ = true;
         } else {
             config.console_fd = console_fd;
+            options.wait_for_cgroup();  // booting writes the kernel into guest memory
             vm_.emplace(*kvm_, config);
         }
     } catch (...) {
@@ -79,6 +80,7 @@ AgentVm::AgentVm(VmOptions& options, std::chrono::milliseconds boot_timeout)
 VmResult AgentVm::run(std::function<void(Fd agent)> on_connected, std::function<void()> on_stopping)
 {
     // Everything the VM needs by name is open; the threads that run() starts inherit the jail.
+    options_.wait_for_cgroup();
     if (vm_->config().jail)
         lock_down(options_.jail_spec(vm_->config()));
     if (const auto limit = options_.episode_timeout()) {

@@ -54,6 +54,7 @@ int run_boot(VmOptions& options)
     Kvm kvm;
     StopSignals signals;
     options.apply_limits(config);
+    options.wait_for_cgroup();
     config.console_fd = options.open_console();
     std::optional<Vm> built;
     try {

@@ -55,6 +55,13 @@ public:
     // Once the VM's vCPU count and memory size are known (a snapshot may set them): the
     // cgroup limits. Throws Error for a --vmm-mem too small for the guest.
     void apply_limits(const VmConfig& config) const;
+    // Before guest memory is first written: waits until the supervisor has moved this process
+    // into its cgroup (VmCgroup::wait_joined).
+    void wait_for_cgroup()
+    {
+        if (cgroup_)
+            cgroup_->wait_joined();
+    }
     // A directory the VMM must still write in by name after it is jailed (a snapshot's).
     void keep_writable_dir(std::string dir) { kept_dirs_.push_back({std::move(dir), true}); }
     JailSpec jail_spec(const VmConfig& config) const;

@@ -132,7 +132,10 @@ VmCgroup VmCgroup::create()
 }
 
 VmCgroup::VmCgroup(VmCgroup&& other) noexcept
-    : unified_(other.unified_), dirs_(std::move(other.dirs_)), owned_(std::exchange(other.owned_, false))
+    : unified_(other.unified_),
+      dirs_(std::move(other.dirs_)),
+      owned_(std::exchange(other.owned_, false)),
+      joined_(std::move(other.joined_))
 {
 }
 
@@ -152,10 +155,23 @@ std::string VmCgroup::dir_for(const char* controller) const
     throw Error(fmt::format("cgroup: no group for controller '{}'", controller));
 }
 
-void VmCgroup::join() const
+void VmCgroup::add(pid_t pid) const
 {
     for (const auto& dir : dirs_)
-        write_file(dir + "/cgroup.procs", "0");
+        write_file(dir + "/cgroup.procs", fmt::format("{}", pid));
+}
+
+void VmCgroup::wait_joined()
+{
+    if (!joined_)
+        return;
+    char done = 0;
+    ssize_t n;
+    while ((n = ::read(joined_.get(), &done, 1)) < 0 && errno == EINTR) {
+    }
+    joined_.reset();
+    if (n != 1)
+        throw Error("the supervisor could not move the VMM into its cgroup");
 }
 
 void VmCgroup::limit(const CgroupLimits& limits) const

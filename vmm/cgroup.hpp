@@ -1,5 +1,10 @@
 // A cgroup per VMM, holding its host CPU quota, memory and process-count limits.
 //
+// Moving a process into a group is slow (the kernel waits out an RCU grace period, milliseconds
+// and more on a loaded host), so the supervisor moves the VMM in while the VMM goes on building
+// its VM, and the VMM waits for that (wait_joined) before guest memory is first written: only
+// its first few allocations are counted outside the group.
+//
 // cgroup v2 where the host runs it unified (/sys/fs/cgroup/cgroup.controllers exists), v1
 // otherwise (one hierarchy per controller under /sys/fs/cgroup/<controller>). The group is
 // made by the supervisor before the VMM process exists and removed by it after the VMM has
@@ -16,6 +21,8 @@
 #include <string>
 #include <vector>
 
+#include "vmm/fd.hpp"
+
 namespace agentvm {
 
 struct CgroupLimits {
@@ -30,13 +37,17 @@ public:
     // naming the problem (no cgroup filesystem, a controller missing, no permission).
     static VmCgroup create();
     VmCgroup(VmCgroup&& other) noexcept;
-    VmCgroup& operator=(VmCgroup&&) = delete;
     VmCgroup(const VmCgroup&) = delete;
     ~VmCgroup();
 
     bool unified() const { return unified_; }
-    // In the VMM process: moves the calling process in, then applies the limits.
-    void join() const;
+    // In the supervisor: moves process `pid` in.
+    void add(pid_t pid) const;
+    // In the VMM process: `joined` is readable once the supervisor has moved it in.
+    void await_join(Fd joined) { joined_ = std::move(joined); }
+    // Blocks until the supervisor has moved this process in (at once if it has already been
+    // waited for). Throws Error if the supervisor could not.
+    void wait_joined();
     void limit(const CgroupLimits& limits) const;
     // After the VMM has ended: whether its memory limit was hit (a kill would then be the
     // kernel's OOM killer acting on the limit).
@@ -48,12 +59,14 @@ public:
 
 private:
     VmCgroup(bool unified, std::vector<std::string> dirs) : unified_(unified), dirs_(std::move(dirs)) {}
+    VmCgroup& operator=(VmCgroup&&) = delete;
     std::string dir_for(const char* controller) const;
     void remove();
 
     bool unified_;
     std::vector<std::string> dirs_;
     bool owned_ = true;
+    Fd joined_;
 };
 
 } // namespace agentvm

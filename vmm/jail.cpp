@@ -67,9 +67,15 @@ void drop_capabilities()
 
 } // namespace
 
-void close_inherited_fds()
+int close_inherited_fds(int keep)
 {
-    check(static_cast<int>(::syscall(SYS_close_range, 3U, ~0U, 0U)), "closing inherited file descriptors");
+    constexpr int kept = 3;
+    if (keep != kept) {
+        check(::dup3(keep, kept, O_CLOEXEC) < 0 ? -1 : 0, "keeping the supervisor's pipe");
+        Fd(keep).reset();
+    }
+    check(static_cast<int>(::syscall(SYS_close_range, kept + 1U, ~0U, 0U)), "closing inherited file descriptors");
+    return kept;
 }
 
 void lock_down(const JailSpec& spec)

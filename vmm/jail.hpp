@@ -4,8 +4,8 @@
 // that process worth little. It is entered in two steps, since what the VMM needs on the host
 // is opened while the VM is being built:
 //  1. close_inherited_fds(), first thing in the VMM process (the supervisor has already put it
-//     in a new PID namespace, where it sees no other process): only stdin, stdout and stderr
-//     stay.
+//     in a new PID namespace, where it sees no other process): only stdin, stdout, stderr and
+//     the supervisor's pipe stay.
 //  2. lock_down(), once the VM is built (kernel, disk, snapshot, /dev/kvm and the console all
 //     open) and before any thread starts, so that every thread inherits it: new mount, IPC,
 //     UTS and network namespaces (no network device, not even loopback up: the VMM needs
@@ -37,7 +37,8 @@ struct JailSpec {
 };
 
 // Throws Error naming the step that failed.
-void close_inherited_fds();
+// Keeps stdin, stdout, stderr and `keep` (moved to 3 if it is not already; returned).
+int close_inherited_fds(int keep);
 void lock_down(const JailSpec& spec);
 
 } // namespace agentvm

@@ -40,20 +40,21 @@ sigset_t supervisor_signals()
     ::_exit(1);
 }
 
-// The child's first steps. `parent_alive` is the read end of a pipe only the parent holds open:
-// once PR_SET_PDEATHSIG is set, a parent that died before can be seen by its end being closed.
-void enter_child(const Supervision& supervision, int parent_alive)
+// The child's first steps. `parent` is the read end of a pipe only the parent holds open: once
+// PR_SET_PDEATHSIG is set, a parent that died before can be seen by its end being closed; the
+// parent writes a byte to it once it has moved the child into its cgroup.
+void enter_child(const Supervision& supervision, Fd parent)
 {
     if (::prctl(PR_SET_PDEATHSIG, SIGKILL) != 0)
         child_failed("PR_SET_PDEATHSIG");
-    pollfd hangup{parent_alive, 0, 0};
-    if (::poll(&hangup, 1, 0) != 0)
+    pollfd hangup{parent.get(), 0, 0};
+    if (::poll(&hangup, 1, 0) < 0 || (hangup.revents & POLLHUP) != 0)
         ::_exit(1);
+    const int kept = close_inherited_fds(parent.release());
     if (supervision.cgroup) {
         supervision.cgroup->disown();
-        supervision.cgroup->join();
+        supervision.cgroup->await_join(Fd(kept));
     }
-    close_inherited_fds();
     // SIGINT, SIGTERM and SIGHUP stay blocked until the VMM takes them through its signalfd
     // (cli/stop_signals.hpp): as PID 1 of its namespace it would ignore them otherwise, and
     // one passed on early stays pending. It has no children to hear of.
@@ -87,7 +88,7 @@ int supervise(const Supervision& supervision, const std::function<int()>& vmm)
     int pipe_fds[2];
     if (::pipe2(pipe_fds, O_CLOEXEC) != 0)
         throw_errno("creating the supervisor's pipe");
-    Fd parent_alive(pipe_fds[0]);
+    Fd child_end(pipe_fds[0]);
     Fd parent_end(pipe_fds[1]);
     if (::unshare(CLONE_NEWPID) != 0)
         throw_errno("jail: creating the VMM's PID namespace");
@@ -97,10 +98,23 @@ int supervise(const Supervision& supervision, const std::function<int()>& vmm)
         throw_errno("starting the VMM process");
     if (child == 0) {
         parent_end.reset();
-        enter_child(supervision, parent_alive.get());
+        enter_child(supervision, std::move(child_end));
         return vmm();
     }
-    parent_alive.reset();
+    child_end.reset();
+    if (supervision.cgroup) {
+        try {
+            supervision.cgroup->add(child);
+        } catch (...) {
+            ::kill(child, SIGKILL);
+            ::waitpid(child, nullptr, 0);
+            throw;
+        }
+        // The VMM waits for this before its guest memory is first written.
+        const char joined = 1;
+        if (::write(parent_end.get(), &joined, 1) != 1)
+            throw_errno("telling the VMM it is in its cgroup");
+    }
     bool killed_at_deadline = false;
     for (;;) {
         timespec wait{1, 0};

@@ -341,6 +341,8 @@ VmResult Vm::run()
     for (auto& vcpu : vcpus_)
         threads_.emplace_back([this, v = vcpu.get()] { vcpu_loop(*v); });
     try {
+        if (config_.jail && config_.run_thread_filter)
+            install_seccomp(*config_.run_thread_filter);
         loop_.run();
     } catch (const std::exception& e) {
         stop(VmOutcome::failed, fmt::format("I/O loop: {}", e.what()));

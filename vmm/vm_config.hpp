@@ -5,6 +5,8 @@
 #include <optional>
 #include <string>
 
+#include "vmm/seccomp.hpp"
+
 namespace agentvm {
 
 struct VmConfig {
@@ -21,6 +23,9 @@ struct VmConfig {
     std::string overlay_dir;                  // where the disk's copy-on-write overlay lives
     std::optional<std::string> vsock_uds;     // host end of the guest's vsock (hybrid convention)
     bool jail = true;                         // false: no seccomp filters (--no-jail, debugging)
+    // The thread that calls Vm::run() is filtered too, once the vCPU threads have started: for
+    // a process that does nothing but run this VM (the agentvm commands), not for tests.
+    std::optional<SeccompRole> run_thread_filter;
 };
 
 // The kernel command line agentvm gives its guests, before the user's extra parameters.

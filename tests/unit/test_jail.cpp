@@ -97,8 +97,12 @@ struct TempDir {
 
 TEST_CASE("the VMM child is PID 1 of its own namespace and starts with stdio only")
 {
-    const int fd = ::open("/dev/null", O_RDONLY);  // inherited: must be closed in the child
-    REQUIRE(fd >= 3);
+    // Inherited, well above the descriptors the supervisor itself passes on: must be closed.
+    const int null_fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+    REQUIRE(null_fd >= 0);
+    const int fd = ::fcntl(null_fd, F_DUPFD, 20);
+    ::close(null_fd);
+    REQUIRE(fd >= 20);
     const int status = supervised({}, [fd] {
         if (::getpid() != 1)
             return 10;
@@ -206,6 +210,7 @@ TEST_CASE("the VMM's cgroup holds it, enforces its memory limit, and is removed 
             supervision.killed_code = 55;
             const int vmm_status = supervise(supervision, [&] {
                 cgroup.limit({0.5, 64 << 20, 64});
+                cgroup.wait_joined();
                 // Touch far more than the limit: the kernel's OOM killer must end this process.
                 const size_t size = size_t{512} << 20;
                 auto* bytes = static_cast<volatile char*>(std::malloc(size));

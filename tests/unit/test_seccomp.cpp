@@ -3,7 +3,9 @@
 // letting it through. Each case runs in a forked child, since a filter cannot be undone.
 #include <doctest/doctest.h>
 
+#include <fcntl.h>
 #include <sys/ioctl.h>
+#include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -23,7 +25,7 @@ struct ChildResult {
 };
 
 // Runs body in a child whose stderr is captured; the child exits 0 if body returns.
-ChildResult in_filtered_child(const std::function<void()>& body)
+ChildResult in_filtered_child(const std::function<void()>& body, SeccompRole role = SeccompRole::vcpu)
 {
     int pipe_fds[2];
     REQUIRE(::pipe(pipe_fds) == 0);
@@ -32,7 +34,7 @@ ChildResult in_filtered_child(const std::function<void()>& body)
     if (pid == 0) {
         ::dup2(pipe_fds[1], STDERR_FILENO);
         ::close(pipe_fds[0]);
-        install_seccomp(SeccompRole::vcpu);
+        install_seccomp(role);
         body();
         ::_exit(0);
     }
@@ -76,4 +78,45 @@ TEST_CASE("an ioctl other than a vCPU's is refused too")
     const auto r = in_filtered_child([] { ::ioctl(STDERR_FILENO, FIONREAD, nullptr); });
     CHECK(WEXITSTATUS(r.status) == 128 + SIGSYS);
     CHECK(r.err.find("system call " + std::to_string(SYS_ioctl) + ",") != std::string::npos);
+}
+
+TEST_CASE("the I/O loop may use Unix sockets and signal its own threads, and nothing else")
+{
+    const auto ok = in_filtered_child(
+        [] {
+            int pair[2];
+            if (::socketpair(AF_UNIX, SOCK_STREAM, 0, pair) != 0 || ::write(pair[0], "x", 1) != 1)
+                ::_exit(1);
+            if (::syscall(SYS_tgkill, ::getpid(), ::gettid(), 0) != 0)
+                ::_exit(2);
+        },
+        SeccompRole::io_loop);
+    INFO("stderr: " << ok.err);
+    CHECK(WIFEXITED(ok.status));
+    CHECK(WEXITSTATUS(ok.status) == 0);
+
+    const auto inet = in_filtered_child([] { ::socket(AF_INET, SOCK_STREAM, 0); }, SeccompRole::io_loop);
+    CHECK(WEXITSTATUS(inet.status) == 128 + SIGSYS);
+    CHECK(inet.err.find("seccomp: the I/O loop thread made system call " + std::to_string(SYS_socket) + ",") !=
+          std::string::npos);
+
+    const auto other_process =
+        in_filtered_child([] { ::syscall(SYS_tgkill, ::getppid() + 0, 1, 0); }, SeccompRole::io_loop);
+    CHECK(WEXITSTATUS(other_process.status) == 128 + SIGSYS);
+}
+
+TEST_CASE("only a VM saved to a snapshot may open files")
+{
+    const auto serving = in_filtered_child([] { ::open("/dev/null", O_RDONLY); }, SeccompRole::io_loop);
+    CHECK(WEXITSTATUS(serving.status) == 128 + SIGSYS);
+    CHECK(serving.err.find("system call " + std::to_string(SYS_openat) + ",") != std::string::npos);
+
+    const auto saving = in_filtered_child(
+        [] {
+            if (::open("/dev/null", O_RDONLY) < 0)
+                ::_exit(1);
+        },
+        SeccompRole::io_loop_snapshot);
+    CHECK(WIFEXITED(saving.status));
+    CHECK(WEXITSTATUS(saving.status) == 0);
 }

@@ -238,9 +238,70 @@ def vm_dies():
     return "guest rebooted mid-call: pending call got vm_died, exit 4, stderr says why"
 
 
+def episode_timeout():
+    ep = Episode(AGENTVM, "--episode-timeout", "20")
+    try:
+        exec_ok(ep, ["true"])
+        pending = ep.send({"op": "exec", "argv": ["sleep", "1000"]})
+        _, r = ep.result(pending, timeout=120)
+        expect(r.get("error", {}).get("code") == "episode_timeout", f"pending call got {r}")
+        status = ep.wait()
+        expect(status == 5, f"exit {status}")
+        expect(b"--episode-timeout" in ep.stderr, f"stderr: {ep.stderr!r}")
+    finally:
+        ep.kill()
+    return "--episode-timeout 20: the running call got episode_timeout, exit 5, stderr says why"
+
+
+def proc_fields(path):
+    fields = {}
+    for line in open(path):
+        key, _, value = line.partition(":")
+        fields[key] = value.strip()
+    return fields
+
+
+def jailed():
+    ep = Episode(AGENTVM)
+    try:
+        exec_ok(ep, ["true"])
+        children = open(f"/proc/{ep.proc.pid}/task/{ep.proc.pid}/children").read().split()
+        expect(len(children) == 1, f"the supervisor has children {children}")
+        vmm = children[0]
+        status = proc_fields(f"/proc/{vmm}/status")
+        expect(int(status["CapEff"], 16) == 0 and int(status["CapPrm"], 16) == 0
+               and int(status["CapBnd"], 16) == 0, f"capabilities left: {status}")
+        expect(status["NoNewPrivs"] == "1", "no_new_privs is not set")
+        threads = 0
+        for tid in os.listdir(f"/proc/{vmm}/task"):
+            task = proc_fields(f"/proc/{vmm}/task/{tid}/status")
+            if task["Name"].startswith("iou-"):
+                continue  # io_uring's workers run no user code
+            threads += 1
+            expect(task["Seccomp"] == "2", f"thread {task['Name']} ({tid}) has no seccomp filter")
+        expect(threads >= 2, f"only {threads} thread(s) checked")
+        for ns in ("pid", "mnt", "net", "ipc", "uts"):
+            expect(os.readlink(f"/proc/{vmm}/ns/{ns}") != os.readlink(f"/proc/self/ns/{ns}"),
+                   f"the VMM shares our {ns} namespace")
+        root = os.listdir(f"/proc/{vmm}/root")
+        expect(root == [], f"the VMM's root holds {root}")
+        cgroup = open(f"/proc/{vmm}/cgroup").read()
+        expect("agentvm" in cgroup, f"the VMM is in no agentvm cgroup: {cgroup}")
+        limits = open(f"/proc/{vmm}/limits").read()
+        expect(any(l.startswith("Max open files") and l.split()[3] == "4096" for l in limits.splitlines()),
+               f"limits: {limits}")
+        exec_ok(ep, ["true"])
+        ep.close_stdin()
+        expect(ep.wait() == 0, "the episode did not end cleanly")
+    finally:
+        ep.kill()
+    return (f"VMM {vmm}: no capabilities, no_new_privs, {threads} threads filtered, own pid/mnt/net/ipc/uts "
+            "namespaces, an empty root, an agentvm cgroup, 4096 files")
+
+
 SHARED = [basics, sequential, concurrent, big_file, capped_output, timeout_kills_group,
           malformed_lines, shell_state, resume]
-OWN = [fresh_episode, eof_answers_pipelined, close_op, agent_killed, vm_dies]
+OWN = [fresh_episode, eof_answers_pipelined, close_op, agent_killed, vm_dies, episode_timeout, jailed]
 
 
 def run(name, fn, *args):

@@ -14,7 +14,8 @@ TEST_CASE("agentvm episode serves tool calls and reports every way a call or the
     INFO("stdout: " << r.out << "\nstderr: " << r.err);
     for (const char* name : {"basics", "sequential", "concurrent", "big_file", "capped_output",
                              "timeout_kills_group", "malformed_lines", "shell_state", "resume", "fresh_episode",
-                             "eof_answers_pipelined", "close_op", "agent_killed", "vm_dies"})
+                             "eof_answers_pipelined", "close_op", "agent_killed", "vm_dies", "episode_timeout",
+                             "jailed"})
         CHECK_MESSAGE(r.out.find(std::string("ok ") + name + ":") != std::string::npos, name);
     CHECK(r.exit_code == 0);
 }
