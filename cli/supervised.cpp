@@ -1,7 +1,10 @@
 #include "cli/supervised.hpp"
 
+#include <unistd.h>
+
 #include <optional>
 
+#include "vmm/error.hpp"
 #include "vmm/supervisor.hpp"
 
 namespace agentvm {
@@ -17,6 +20,9 @@ int run_supervised(VmOptions& options, int killed_code, const std::function<int(
 {
     if (!options.jailed())
         return body();
+    if (::geteuid() != 0)
+        throw Error("the VMM's jail needs root (namespaces, pivot_root, its cgroup): run agentvm as root, "
+                    "or with --no-jail to debug without the jail");
     std::optional<VmCgroup> cgroup;
     if (options.wants_cgroup()) {
         cgroup.emplace(VmCgroup::create());
