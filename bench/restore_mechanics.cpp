@@ -132,10 +132,8 @@ int restore(const std::string& dir, VmCgroup* cgroup)
         cgroup->limit({static_cast<double>(loaded.config.vcpus), (loaded.config.mem_mib + 256) << 20, 512});
     Vm vm(kvm, loaded.config, std::move(loaded.data));
     StopAtWrite stop(vm, [](const PortWrite&) { return true; });
-    if (cgroup) {
-        cgroup->wait_joined();
+    if (cgroup)
         lock_down(JailSpec{});
-    }
     check_finished(vm.run(), stop.seen(), "restore");
     if (stop.seen()->offset != trace_offset || stop.seen()->value != baked_at + 1) {
         spdlog::error("the restored guest's first port write is {} to port {:#x}, expected count {} to port "

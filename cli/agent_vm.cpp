@@ -80,7 +80,6 @@ AgentVm::AgentVm(VmOptions& options, std::chrono::milliseconds boot_timeout)
 VmResult AgentVm::run(std::function<void(Fd agent)> on_connected, std::function<void()> on_stopping)
 {
     // Everything the VM needs by name is open; the threads that run() starts inherit the jail.
-    options_.wait_for_cgroup();
     if (vm_->config().jail)
         lock_down(options_.jail_spec(vm_->config()));
     if (const auto limit = options_.episode_timeout()) {

@@ -55,8 +55,7 @@ public:
     // Once the VM's vCPU count and memory size are known (a snapshot may set them): the
     // cgroup limits. Throws Error for a --vmm-mem too small for the guest.
     void apply_limits(const VmConfig& config) const;
-    // Before guest memory is first written: waits until the supervisor has moved this process
-    // into its cgroup (VmCgroup::wait_joined).
+    // Waits until the supervisor has moved this process into its cgroup (VmCgroup::wait_joined).
     void wait_for_cgroup()
     {
         if (cgroup_)
