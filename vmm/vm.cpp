@@ -338,6 +338,7 @@ void Vm::vcpu_loop(Vcpu& vcpu)
 
 VmResult Vm::run()
 {
+    vsock_host_->update_stream_cap();
     for (auto& vcpu : vcpus_)
         threads_.emplace_back([this, v = vcpu.get()] { vcpu_loop(*v); });
     try {
