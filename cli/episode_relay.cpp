@@ -216,7 +216,7 @@ void EpisodeRelay::on_watchdog()
 
 void EpisodeRelay::end(End how, const std::string& why)
 {
-    if (ended_)
+    if (ended_ || stopping_)
         return;
     ended_ = true;
     input_.pause();

@@ -51,8 +51,14 @@ public:
     // After stop_output(): an error response for every call still waiting, queued for
     // flush_output(). Returns how many there were.
     size_t fail_pending(const std::string& code, const std::string& message);
-    // The loop is about to stop: stdout writes only queue from now on (see AsyncWriter).
-    void stop_output() { out_.stop(); }
+    // The loop is about to stop: stdout writes only queue from now on (see AsyncWriter), and
+    // the relay no longer ends by itself: the agent's connection going away now is a
+    // consequence of the VM stopping, not its cause.
+    void stop_output()
+    {
+        stopping_ = true;
+        out_.stop();
+    }
     // After the loop has stopped: writes everything still queued.
     void flush_output() { out_.flush_blocking(); }
 
@@ -86,6 +92,7 @@ private:
     uint64_t requests_ = 0;
     bool input_done_ = false;  // stdin ended, or a close call was sent
     bool ended_ = false;
+    bool stopping_ = false;  // stop_output() ran
 };
 
 } // namespace agentvm

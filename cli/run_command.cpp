@@ -165,6 +165,9 @@ public:
 
     void stop_output()
     {
+        // From now on the VM is going away: what the agent's connection does is its
+        // consequence, not a failure of ours to report.
+        stopping_ = true;
         stdout_.stop();
         stderr_.stop();
     }
@@ -203,7 +206,7 @@ private:
 
     void on_agent_end()
     {
-        if (end_ || !failure_.empty())
+        if (end_ || !failure_.empty() || stopping_)
             return;
         failure_ = "the guest agent closed the connection before the command finished";
         agent_vm_.fail_unless_vm_ends(failure_);
@@ -225,7 +228,7 @@ private:
 
     void fail(const std::string& why)
     {
-        if (end_ || !failure_.empty())
+        if (end_ || !failure_.empty() || stopping_)
             return;
         failure_ = why;
         agent_vm_.fail(why);
@@ -244,6 +247,7 @@ private:
     std::optional<CommandEnd> end_;
     std::string failure_;
     bool broken_pipe_ = false;
+    bool stopping_ = false;  // stop_output() ran
 };
 
 int run_run(RunOptions& options)

@@ -111,6 +111,22 @@ struct Harness {
         thread = std::thread([] {});
     }
 
+    // After wait_end: runs the loop again for a while and waits for it.
+    void turn(std::chrono::milliseconds how_long)
+    {
+        thread.join();
+        thread = std::thread([this, how_long] {
+            std::thread stopper([this, how_long] {
+                std::this_thread::sleep_for(how_long);
+                loop.stop();
+            });
+            loop.run();
+            stopper.join();
+        });
+        thread.join();
+        thread = std::thread([] {});
+    }
+
     void request(const std::string& line) { write_all(in.write.get(), line + "\n"); }
     std::string response() { return read_line(out.read.get()); }
     std::string agent_reads() { return read_line(agent.get()); }
@@ -267,4 +283,19 @@ TEST_CASE("a line from the agent that is not a JSON object ends the episode")
     h.wait_end();
     REQUIRE(h.end);
     CHECK(*h.end == EpisodeRelay::End::agent_protocol);
+}
+
+TEST_CASE("once the VM is stopping, the agent's connection ending is not reported as the cause")
+{
+    Harness h;
+    h.request(R"({"id":1,"op":"exec","argv":["sleep","9"]})");
+    CHECK_FALSE(h.agent_reads().empty());
+    // The VM failed on its own (its loop stops), then its streams are shut down.
+    h.loop.stop();
+    h.wait_end();
+    h.relay->stop_output();
+    h.agent.reset();
+    h.turn(100ms);
+    CHECK_FALSE(h.end);
+    CHECK(h.relay->fail_pending("vm_died", "the VM failed") == 1);
 }
