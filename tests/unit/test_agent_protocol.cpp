@@ -284,6 +284,27 @@ TEST_CASE("to_line is one line even for text with newlines and invalid UTF-8 in 
     CHECK(Json::parse(line)["error"]["message"] == "two\nlines \xef\xbf\xbd");
 }
 
+TEST_CASE("to_line writes exactly what nlohmann's dump writes")
+{
+    std::string every_ascii;
+    for (int c = 0; c < 0x80; ++c)
+        every_ascii.push_back(static_cast<char>(c));
+    const Json cases[] = {
+        Json::object(),
+        Json::array(),
+        Json{{"id", 7}, {"stdout", every_ascii}, {"stderr", std::string(1000, '\0')}},
+        Json{{"id", "x \"y\" \\ z"}, {"exit_code", nullptr}, {"timed_out", true}, {"ok", false}},
+        Json{{"numbers", {0, -1, 18446744073709551615ull, -9223372036854775807ll, 1.5, 1e300, -0.25, 3.0}}},
+        Json{{"nested", {{"a", Json::array({1, "two", Json::object(), Json::array()})}, {"b", {{"c", nullptr}}}}}},
+        Json{{"utf8 \xc3\xa9 key \x7f", "\xe2\x82\xac \xf0\x9f\x98\x80 \xed\x9f\xbf \x7f"}},
+        Json{{"invalid", "a\xff\xfe b \xc0\xaf \xed\xa0\x80 \x01"}},
+        Json("a bare string\n"),
+        Json(42),
+    };
+    for (const Json& message : cases)
+        CHECK(to_line(message) == message.dump(-1, ' ', false, Json::error_handler_t::replace) + "\n");
+}
+
 TEST_CASE("line framing splits on newlines however the bytes arrive")
 {
     FramerLog log(100);
