@@ -44,7 +44,7 @@ std::optional<CallLimits> limits_of(const Request& request)
 } // namespace
 
 EpisodeRelay::EpisodeRelay(EventLoop& loop, int in_fd, int out_fd, Ended on_end,
-                           std::chrono::milliseconds grace)
+                           std::chrono::milliseconds grace, std::optional<double> call_timeout_s)
     : loop_(loop), on_end_(std::move(on_end)),
       input_(loop, in_fd, max_line_bytes,
              {[this](std::string&& line) { on_request(std::move(line)); },
@@ -55,7 +55,7 @@ EpisodeRelay::EpisodeRelay(EventLoop& loop, int in_fd, int out_fd, Ended on_end,
               [this](int err) { on_input_end(err); }}),
       out_(loop, out_fd,
            [this](int err) { end(End::output_failed, fmt::format("writing to stdout: {}", std::strerror(err))); }),
-      watchdog_(loop, [this] { on_watchdog(); }), grace_(grace)
+      watchdog_(loop, [this] { on_watchdog(); }), grace_(grace), call_timeout_s_(call_timeout_s)
 {
 }
 
@@ -99,10 +99,16 @@ void EpisodeRelay::on_request(std::string&& line)
                         fmt::format("\"max_output\" is limited to {} bytes in an episode", max_output_limit));
             return;
         }
-        if (limits->timeout_s)
+        std::optional<double> timeout_s = limits->timeout_s;
+        if (!timeout_s && call_timeout_s_) {
+            // Last, so that it also overrides a "timeout":null (JSON's last duplicate wins);
+            // the line is an object (it parsed), so it ends with its closing brace.
+            timeout_s = call_timeout_s_;
+            line.insert(line.find_last_of('}'), fmt::format(",\"timeout\":{}", *timeout_s));
+        }
+        if (timeout_s)
             pending.deadline = Clock::now()
-                + std::chrono::duration_cast<Clock::duration>(
-                                   std::chrono::duration<double>(*limits->timeout_s))
+                + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(*timeout_s))
                 + grace_;
     }
     const bool is_close = std::holds_alternative<CloseRequest>(request.op);

@@ -35,14 +35,20 @@ public:
     // How long past a call's own timeout the agent gets to answer before the VM is deemed
     // wedged: the agent kills at the timeout and answers within half a second after.
     static constexpr std::chrono::seconds watchdog_grace{10};
+    // The timeout of an exec or shell call that names none (episode --call-timeout, run
+    // --timeout): without one, a command that never ends would hold its call forever.
+    static constexpr double default_call_timeout_s = 600;
     // One stream's max_output in an episode, which bounds every response line.
     static constexpr uint64_t max_output_limit = uint64_t{64} << 20;
     // Six bytes per output byte at worst (a control byte escaped as \u00XX), two streams,
     // and room for the other fields: no honest response line is longer.
     static constexpr size_t max_response_line = 12 * max_output_limit + (size_t{1} << 20);
 
+    // call_timeout_s: added as "timeout" to every exec and shell request without one
+    // (nullopt: requests go to the agent unchanged).
     EpisodeRelay(EventLoop& loop, int in_fd, int out_fd, Ended on_end,
-                 std::chrono::milliseconds grace = watchdog_grace);
+                 std::chrono::milliseconds grace = watchdog_grace,
+                 std::optional<double> call_timeout_s = std::nullopt);
     EpisodeRelay(const EpisodeRelay&) = delete;
     EpisodeRelay& operator=(const EpisodeRelay&) = delete;
 
@@ -88,6 +94,7 @@ private:
     std::optional<AsyncWriter> agent_out_;
     LoopTimer watchdog_;
     std::chrono::milliseconds grace_;
+    std::optional<double> call_timeout_s_;
     std::map<std::string, Pending> pending_;  // by id as compact JSON
     uint64_t requests_ = 0;
     bool input_done_ = false;  // stdin ended, or a close call was sent

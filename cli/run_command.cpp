@@ -32,7 +32,7 @@ constexpr size_t max_stdin_bytes = size_t{32} << 20;
 struct RunOptions {
     VmOptions vm{VmRole::agent};
     double boot_timeout_s = 60;
-    std::optional<double> timeout_s;
+    double timeout_s = EpisodeRelay::default_call_timeout_s;
     std::vector<std::string> env;
     std::string workdir;
     uint64_t max_output = default_max_output;
@@ -77,8 +77,7 @@ std::string exec_request(const RunOptions& options)
     }
     if (!options.workdir.empty())
         request["cwd"] = options.workdir;
-    if (options.timeout_s)
-        request["timeout"] = *options.timeout_s;
+    request["timeout"] = options.timeout_s;
     if (options.forward_stdin)
         put_bytes(request, "stdin", read_all_stdin());
     std::string line = to_line(request);
@@ -117,7 +116,7 @@ CommandEnd command_end_of(const Json& response, const RunOptions& options)
         end.timed_out = true;
         end.exit_code = exit_code::run_timed_out;
         notes.push_back(fmt::format("the command timed out after {} s and was killed with its process group",
-                                    *options.timeout_s));
+                                    options.timeout_s));
     } else if (const auto signal = response.find("signal"); signal != response.end() && signal->is_number()) {
         end.exit_code = exit_code::signal_base + signal->get<int>();
         notes.push_back(response.value("oom_killed", false)
@@ -157,10 +156,9 @@ public:
                                                [this](int) { on_agent_end(); }});
         agent_in_->start();
         agent_out_->write(std::move(request_));
-        if (options_.timeout_s)
-            watchdog_.arm(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                              std::chrono::duration<double>(*options_.timeout_s))
-                          + EpisodeRelay::watchdog_grace);
+        watchdog_.arm(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                          std::chrono::duration<double>(options_.timeout_s))
+                      + EpisodeRelay::watchdog_grace);
     }
 
     void stop_output()
@@ -301,7 +299,9 @@ Subcommand add_run_command(CLI::App& app)
         ->check(CLI::PositiveNumber);
     run->add_option("--timeout", options->timeout_s,
                     "seconds the command may run; then its whole process group is killed (exit 124)")
-        ->check(CLI::PositiveNumber);
+        ->capture_default_str()
+        ->check(CLI::PositiveNumber)
+        ->check(CLI::Range(0.0, static_cast<double>(max_call_timeout_s)));
     run->add_option("--env", options->env, "NAME=VALUE added to the command's environment (repeatable)");
     run->add_option("--workdir", options->workdir, "directory in the guest to run the command in");
     run->add_option("--max-output", options->max_output,

@@ -53,10 +53,7 @@ bool optional_bool(const Json& object, const std::string& name)
     return it->get<bool>();
 }
 
-// A year: longer than any episode, and far inside what a timer or a steady_clock deadline
-// in nanoseconds can hold (1e300 seconds would overflow both).
-constexpr long max_timeout_s_whole = 365L * 24 * 3600;
-constexpr double max_timeout_s = max_timeout_s_whole;
+constexpr double max_timeout_s = max_call_timeout_s;
 
 std::optional<double> optional_timeout(const Json& object)
 {
@@ -65,7 +62,7 @@ std::optional<double> optional_timeout(const Json& object)
         return std::nullopt;
     if (!timeout->is_number() || !std::isfinite(timeout->get<double>()) || timeout->get<double>() <= 0 ||
         timeout->get<double>() > max_timeout_s)
-        bad_field("timeout", "must be a positive number of seconds, at most " + std::to_string(max_timeout_s_whole));
+        bad_field("timeout", "must be a positive number of seconds, at most " + std::to_string(max_call_timeout_s));
     return timeout->get<double>();
 }
 

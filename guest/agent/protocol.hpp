@@ -23,6 +23,9 @@ using Json = nlohmann::ordered_json;
 constexpr size_t max_line_bytes = size_t{64} << 20;
 constexpr uint64_t default_max_output = uint64_t{16} << 20;
 constexpr size_t read_chunk_bytes = size_t{1} << 20;
+// The longest "timeout" a call may have: a year. Longer than any episode, and far inside what
+// a timer or a steady_clock deadline in nanoseconds can hold (1e300 seconds would overflow both).
+constexpr long max_call_timeout_s = 365L * 24 * 3600;
 
 // A failed call: becomes {"id":…, "error":{"code":…, "message":…}} and the connection goes on.
 class CallError : public std::runtime_error {

@@ -83,7 +83,8 @@ struct Harness {
     std::optional<EpisodeRelay> relay;
     std::thread thread;
 
-    explicit Harness(std::chrono::milliseconds grace = EpisodeRelay::watchdog_grace)
+    explicit Harness(std::chrono::milliseconds grace = EpisodeRelay::watchdog_grace,
+                     std::optional<double> call_timeout_s = std::nullopt)
     {
         int fds[2];
         REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) == 0);
@@ -94,7 +95,7 @@ struct Harness {
                           why = text;
                           loop.stop();
                       },
-                      grace);
+                      grace, call_timeout_s);
         relay->start(Fd(fds[0]));
         thread = std::thread([this] { loop.run(); });
     }
@@ -283,6 +284,35 @@ TEST_CASE("a line from the agent that is not a JSON object ends the episode")
     h.wait_end();
     REQUIRE(h.end);
     CHECK(*h.end == EpisodeRelay::End::agent_protocol);
+}
+
+TEST_CASE("exec and shell calls without a timeout get the episode's default; the watchdog counts from it")
+{
+    Harness h(50ms, 600);
+    h.request(R"({"id":1,"op":"exec","argv":["true"]})");
+    CHECK(h.agent_reads() == R"({"id":1,"op":"exec","argv":["true"],"timeout":600})");
+    h.request(R"({"id":2, "op":"shell", "cmd":"true"}  )");
+    CHECK(h.agent_reads() == R"({"id":2, "op":"shell", "cmd":"true","timeout":600}  )");
+    // null is no timeout to the agent: the default, last, overrides it.
+    h.request(R"({"id":3,"op":"exec","argv":["true"],"timeout":null})");
+    const std::string with_null = h.agent_reads();
+    CHECK(with_null == R"({"id":3,"op":"exec","argv":["true"],"timeout":null,"timeout":600})");
+    CHECK(std::get<ExecRequest>(parse_request(with_null).op).timeout_s == 600);
+    // A call's own timeout, and other ops, go unchanged.
+    h.request(R"({"id":4,"op":"exec","argv":["true"],"timeout":5})");
+    CHECK(h.agent_reads() == R"({"id":4,"op":"exec","argv":["true"],"timeout":5})");
+    h.request(R"({"id":5,"op":"read_file","path":"/x"})");
+    CHECK(h.agent_reads() == R"({"id":5,"op":"read_file","path":"/x"})");
+}
+
+TEST_CASE("a call without a timeout that the agent never answers trips the watchdog at the default")
+{
+    Harness h(50ms, 0.05);
+    h.request(R"({"id":"spin","op":"exec","argv":["python3","-c","while True: pass"]})");
+    CHECK_FALSE(h.agent_reads().empty());
+    h.wait_end();
+    REQUIRE(h.end);
+    CHECK(*h.end == EpisodeRelay::End::watchdog);
 }
 
 TEST_CASE("once the VM is stopping, the agent's connection ending is not reported as the cause")
