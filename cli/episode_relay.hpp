@@ -33,7 +33,9 @@ public:
     using Ended = std::function<void(End, const std::string& why)>;
 
     // How long past a call's own timeout the agent gets to answer before the VM is deemed
-    // wedged: the agent kills at the timeout and answers within half a second after.
+    // wedged: the agent kills at the timeout and answers within half a second after. Every
+    // byte of the call's answer that arrives (a big response takes a while to cross) starts
+    // the grace period again: only an agent that stays silent trips the watchdog.
     static constexpr std::chrono::seconds watchdog_grace{10};
     // The timeout of an exec or shell call that names none (episode --call-timeout, run
     // --timeout): without one, a command that never ends would hold its call forever.
@@ -79,6 +81,8 @@ private:
     void on_response(std::string&& line);
     void on_input_end(int err);
     void on_agent_end(int err);
+    // Bytes of call `id`'s answer arrived: it gets the grace period again from now.
+    void on_progress(const std::string& id);
     void reply_error(const std::string& id_json, const std::string& code, const std::string& message);
     void emit(std::string line);
     void arm_watchdog();
@@ -100,6 +104,7 @@ private:
     bool input_done_ = false;  // stdin ended, or a close call was sent
     bool ended_ = false;
     bool stopping_ = false;  // stop_output() ran
+    bool agent_paused_ = false;  // not reading the agent until stdout has drained
 };
 
 } // namespace agentvm

@@ -138,7 +138,7 @@ public:
           stdout_(loop_, STDOUT_FILENO, [this](int err) { output_failed("stdout", err); }),
           stderr_(loop_, STDERR_FILENO, [this](int err) { output_failed("stderr", err); }),
           watchdog_(loop_, [this] {
-              fail(fmt::format("the guest did not answer within {} s after the command's timeout",
+              fail(fmt::format("the guest sent nothing for {} s past the command's timeout",
                                EpisodeRelay::watchdog_grace.count()));
           })
     {
@@ -154,11 +154,13 @@ public:
                           LineReader::Handlers{[this](std::string&& line) { on_line(line); },
                                                [this] { fail("the guest agent sent an over-long line"); },
                                                [this](int) { on_agent_end(); }});
+        agent_in_->on_partial_line([this](std::string_view) { on_progress(); });
         agent_in_->start();
         agent_out_->write(std::move(request_));
-        watchdog_.arm(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                          std::chrono::duration<double>(options_.timeout_s))
-                      + EpisodeRelay::watchdog_grace);
+        watchdog_deadline_ = Clock::now()
+            + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(options_.timeout_s))
+            + EpisodeRelay::watchdog_grace;
+        watchdog_.arm(watchdog_deadline_ - Clock::now());
     }
 
     void stop_output()
@@ -179,10 +181,24 @@ public:
     const std::string& failure() const { return failure_; }
 
 private:
+    using Clock = std::chrono::steady_clock;
+
+    // Bytes from the agent: it is answering (a big response takes a while to cross), so the
+    // watchdog's grace starts again (EpisodeRelay::watchdog_grace).
+    void on_progress()
+    {
+        const auto later = Clock::now() + EpisodeRelay::watchdog_grace;
+        if (later > watchdog_deadline_) {
+            watchdog_deadline_ = later;
+            watchdog_.arm(EpisodeRelay::watchdog_grace);
+        }
+    }
+
     void on_line(const std::string& line)
     {
         if (end_ || !failure_.empty() || broken_pipe_)
             return;
+        on_progress();
         Json message;
         try {
             message = Json::parse(line);
@@ -239,6 +255,7 @@ private:
     AsyncWriter stdout_;
     AsyncWriter stderr_;
     LoopTimer watchdog_;
+    Clock::time_point watchdog_deadline_{};
     Fd agent_;
     std::optional<AsyncWriter> agent_out_;
     std::optional<LineReader> agent_in_;
