@@ -1,5 +1,7 @@
 #include <doctest/doctest.h>
 
+#include <algorithm>
+
 #include <string>
 #include <vector>
 
@@ -303,6 +305,28 @@ TEST_CASE("to_line writes exactly what nlohmann's dump writes")
     };
     for (const Json& message : cases)
         CHECK(to_line(message) == message.dump(-1, ' ', false, Json::error_handler_t::replace) + "\n");
+}
+
+TEST_CASE("write_line hands over the same line in bounded pieces, and stops when told")
+{
+    const Json big{{"id", 3}, {"stdout", std::string(1 << 20, '\0')}, {"stderr", "a \"b\"\n"}, {"n", 5}};
+    constexpr size_t piece = 64 << 10;
+    std::string whole;
+    size_t pieces = 0;
+    size_t largest = 0;
+    CHECK(write_line(big, piece, [&](std::string_view p) {
+        whole += p;
+        ++pieces;
+        largest = std::max(largest, p.size());
+        return true;
+    }));
+    CHECK(whole == to_line(big));
+    CHECK(pieces >= (6u << 20) / (2 * piece));  // 6 MiB escaped
+    CHECK(largest < 2 * piece);
+
+    size_t calls = 0;
+    CHECK_FALSE(write_line(big, piece, [&](std::string_view) { return ++calls < 3; }));
+    CHECK(calls == 3);
 }
 
 TEST_CASE("line framing splits on newlines however the bytes arrive")
