@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Hostile code in `agentvm episode`: one case per attack of the security issue.
 
-usage: hostile_check.py AGENTVM_BINARY [--group GROUP] [--include-uncontained] [CASE...]
+usage: hostile_check.py AGENTVM_BINARY [--group GROUP] [CASE...]
 
 Every case attacks one episode and then checks what the issue asks of it:
 - the attack's call ends with a clear status (timed_out, oom_killed, a signal, an error code),
@@ -18,10 +18,8 @@ Every case attacks one episode and then checks what the issue asks of it:
   TMPDIR filesystem back to its usage, no agentvm cgroup, the bystander's VMM holding as many
   descriptors as before.
 
-Prints "ok <case>: <what was seen>", "FAIL <case>: <why>", and for an attack that today's
-agentvm does not contain (NOT_YET_CONTAINED) "SKIP <case>: <what happens today>" unless
---include-uncontained runs it anyway. A skipped case is never counted as passed. Exits
-non-zero if any case failed.
+Prints "ok <case>: <what was seen>" or "FAIL <case>: <why>" for every case (none is skipped),
+and exits non-zero if any case failed.
 """
 import argparse
 import contextlib
@@ -343,13 +341,53 @@ def fork_bomb(run, ep):
     return f"fork loop killed with its whole process group at its 10 s timeout ({took:.1f} s), {processes} processes after", True
 
 
+# Run as a call while the bomb fills the calls' cgroup: a single process (forks would fail),
+# it waits until the cgroup has refused forks, then reports what confines the calls.
+CGROUP_PROBE = r"""
+import json, os, time
+G = "/sys/fs/cgroup/tool-calls"
+def read(path):
+    with open(path) as f:
+        return f.read().strip()
+def refused():
+    return int(dict(line.split() for line in read(G + "/pids.events").splitlines())["max"])
+deadline = time.monotonic() + 120
+while refused() == 0 and time.monotonic() < deadline:
+    time.sleep(0.5)
+agents = []
+for pid in os.listdir("/proc"):
+    try:
+        if pid.isdigit() and read(f"/proc/{pid}/comm") == "agentvm-agent":
+            agents.append({"oom_score_adj": int(read(f"/proc/{pid}/oom_score_adj")),
+                           "cgroup": read(f"/proc/{pid}/cgroup")})
+    except OSError:
+        pass  # a bomb process that just ended
+print(json.dumps({"cgroup": read("/proc/self/cgroup"), "pids_max": read(G + "/pids.max"),
+                  "pids_current": int(read(G + "/pids.current")), "forks_refused": refused(),
+                  "own_oom_score_adj": int(read("/proc/self/oom_score_adj")), "agents": agents}))
+"""
+
+
 def fork_bomb_background(run, ep):
     """The classic bash bomb: its first generation backgrounds itself, so the call ends at once
-    and the bomb runs outside any call. The issue asks that the episode still answers."""
-    ep.call({"op": "exec", "argv": ["bash", "-c", ":(){ :|:& };:"], "timeout": 10}, timeout=120)
-    time.sleep(5)  # let it grow
+    and the bomb runs on outside any call's timeout. The tool calls' cgroup holds it at its
+    pids.max (forks fail with EAGAIN), while the agent, outside it, goes on answering."""
+    start = time.monotonic()
+    r = response(ep, {"op": "exec", "argv": ["bash", "-c", ":(){ :|:& };:"], "timeout": 10}, timeout=120)
+    expect(r["timed_out"] is False, f"the bomb's call: {outcome(r)}")
+    r = response(ep, {"op": "exec", "argv": ["python3", "-c", CGROUP_PROBE], "timeout": 180}, timeout=240)
+    expect(r["exit_code"] == 0, f"probe: {outcome(r)} {field(r, 'stderr')[-300:]!r}")
+    seen = json.loads(field(r, "stdout"))
+    expect(seen["cgroup"].startswith("0::/tool-calls/exec-") and seen["pids_max"] == "1024",
+           f"the call's cgroup: {seen}")
+    expect(seen["forks_refused"] > 0 and seen["pids_current"] <= 1024 + 1, f"the bomb was not held: {seen}")
+    expect(seen["agents"] and all(a == {"oom_score_adj": -1000, "cgroup": "0::/"} for a in seen["agents"])
+           and seen["own_oom_score_adj"] == 0, f"the agent is not protected, or a call is: {seen}")
+    took = time.monotonic() - start
     expect_alive(ep, "the call after the bomb")
-    return "the next call answered", True
+    return (f"the bomb filled the calls' cgroup to {seen['pids_current']} of {seen['pids_max']} pids, "
+            f"{seen['forks_refused']} forks refused ({took:.0f} s); the agent (oom_score_adj -1000, outside "
+            "the cgroup) answered the next call"), True
 
 
 HOG = "b = []\nwhile True:\n    b.append(b'x' * (16 << 20))\n"
@@ -388,13 +426,16 @@ def stdout_flood(run, ep):
 
 def stdout_flood_default_cap(run, ep):
     """Binary output with the default 16 MiB cap: NULs are valid UTF-8, each escaped as \\u0000,
-    so the response line is ~96 MiB."""
+    so the response line is ~96 MiB: the agent must start sending it at once (encoding it
+    whole took 30 s emulated) and the watchdog must not cut it while it crosses."""
+    start = time.monotonic()
     r = ep.call({"op": "exec", "argv": ["cat", "/dev/zero"], "timeout": 8}, timeout=300)
+    took = time.monotonic() - start
     expect("error" not in r, f"flood: {r}")
     expect(r["timed_out"] is True and r["stdout_truncated"] is True and len(field(r, "stdout")) == 16 * MIB,
            f"flood: {outcome(r)}, {len(field(r, 'stdout'))} bytes kept")
     expect_alive(ep)
-    return "timed_out, 16 MiB kept, the episode went on", True
+    return f"timed_out at 8 s, 16 MiB kept, the ~96 MiB response complete after {took:.1f} s; the episode went on", True
 
 
 def disk_fill(run, ep):
@@ -718,12 +759,19 @@ def vsock_listener_args(run):
 
 
 def cpu_spin_without_timeout(run, ep):
-    """A call without "timeout" that never ends. The issue asks for a clear status; that needs
-    a default call timeout or an episode deadline, whose value is not decided: 120 s here."""
-    r = ep.call({"op": "exec", "argv": ["python3", "-c", "while True: pass"]}, timeout=150)
-    expect("error" not in r and r.get("timed_out") is True, f"spin without timeout: {r}")
+    """Calls without "timeout" that never end: the episode's default call timeout ends them
+    (--call-timeout, 5 s here; 600 s by default), whole process group and all."""
+    start = time.monotonic()
+    r = response(ep, {"op": "exec", "argv": ["python3", "-c", "while True: pass"]}, timeout=150)
+    took = time.monotonic() - start
+    expect(r["timed_out"] is True and r["signal"] == 9, f"exec spin without timeout: {outcome(r)}")
+    r = response(ep, {"op": "shell", "cmd": "sleep 1000 & while :; do :; done"}, timeout=150)
+    expect(r["timed_out"] is True, f"shell spin without timeout: {outcome(r)}")
+    r = response(ep, {"op": "exec", "argv": ["sh", "-c", "pgrep -x python3 || pgrep -x sleep || echo none"]})
+    expect(field(r, "stdout") == b"none\n", f"a spinner survived: {r.get('stdout')!r}")
     expect_alive(ep)
-    return "the spin was ended with timed_out by a default limit", True
+    return (f"exec and shell spins without timeout killed at the default (--call-timeout 5): timed_out, "
+            f"the exec after {took:.1f} s"), True
 
 
 class Attack:
@@ -741,7 +789,7 @@ ATTACKS = [
     Attack(memory_hog, "runaway", ("--mem", "256")),
     Attack(stdout_flood, "runaway"),
     Attack(stdout_flood_default_cap, "runaway"),
-    Attack(cpu_spin_without_timeout, "runaway"),
+    Attack(cpu_spin_without_timeout, "runaway", ("--call-timeout", "5")),
     Attack(disk_fill, "disk"),
     Attack(rm_rf_root, "disk"),
     Attack(raw_block_write, "disk"),
@@ -755,34 +803,6 @@ ATTACKS = [
     Attack(argv_env_100mib, "input"),
     Attack(json_line_100mib, "input"),
 ]
-
-# Attacks today's agentvm does not contain: what happens, measured in the emulated test host
-# (2026-11-29). They are skipped (never counted as passed) unless --include-uncontained.
-NOT_YET_CONTAINED = {
-    "fork_bomb_background":
-        "the call answers exit 0 at once (the bomb's first generation backgrounds itself, out of "
-        "reach of the call's timeout); the guest (no pids limit, threads-max 3904) is saturated: "
-        "the next call either times out (25 s for a 20 s timeout) or gets no answer and the "
-        "watchdog stops the VM ('watchdog', exit 4); a next call without timeout hangs forever",
-    "stdout_flood_default_cap":
-        "`cat /dev/zero` with the default 16 MiB cap and an 8 s timeout: the agent kills it at 8 s, "
-        "but its ~96 MiB response line (each NUL escaped as \\u0000) needs ~40 s to cross vsock "
-        "emulated, so the relay's watchdog (timeout + 10 s) fires while it is arriving: 'watchdog' "
-        "error ('the guest is not responding'), exit 4",
-    "cpu_spin_without_timeout":
-        "without a \"timeout\" the call runs forever: no default call timeout, no episode deadline; "
-        "end of stdin waits for it too, so only a signal to agentvm ends the episode ('stopped')",
-    "vsock_flood_host_listener":
-        "with --vsock-uds and a host listener, each guest connection costs the VMM a Unix socket; "
-        "at ~1000 held at once the VMM hits RLIMIT_NOFILE (soft 1024): socket() fails with EMFILE "
-        "in VsockHost::on_connect_request, the Error escapes the I/O loop and fails the VM. Then, "
-        "varying from run to run: the call gets 'agent_died' and agentvm exits 4 (the EMFILE cause "
-        "is not logged); or agentvm exits 1 logging 'creating a Unix socket for vsock: Too many "
-        "open files' with the call never answered; or, most often, agentvm hangs for good in "
-        "Vm::run's loop_.drain() (io_uring operations never completed), vCPU thread gone, the "
-        "call never answered, no watchdog: only SIGKILL ends it",
-}
-
 
 def run_attack(run, attack):
     args = attack.args(run) if callable(attack.args) else list(attack.args)
@@ -823,7 +843,6 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("agentvm")
     parser.add_argument("--group", choices=sorted({a.group for a in ATTACKS}))
-    parser.add_argument("--include-uncontained", action="store_true")
     parser.add_argument("cases", nargs="*")
     opts = parser.parse_intermixed_args()
     unknown = set(opts.cases) - {a.name for a in ATTACKS}
@@ -833,14 +852,10 @@ def main():
               and (not opts.cases or a.name in opts.cases)]
 
     run = Run(opts.agentvm)
-    passed = failed = skipped = 0
+    passed = failed = 0
     try:
         run.bystander = Bystander(run)
         for attack in chosen:
-            if attack.name in NOT_YET_CONTAINED and not opts.include_uncontained:
-                print(f"SKIP {attack.name}: not yet contained: {NOT_YET_CONTAINED[attack.name]}", flush=True)
-                skipped += 1
-                continue
             start = time.monotonic()
             ok = run_case(attack.name, lambda a=attack: f"{run_attack(run, a)} ({time.monotonic() - start:.0f} s)",
                           expected=(EpisodeError,))
@@ -858,7 +873,7 @@ def main():
         if run.bystander:
             run.bystander.ep.kill()
         run.cleanup()
-    print(f"hostile: {passed} passed, {failed} failed, {skipped} skipped (not yet contained)", flush=True)
+    print(f"hostile: {passed} passed, {failed} failed", flush=True)
     sys.exit(1 if failed else 0)
 
 

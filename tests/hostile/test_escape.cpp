@@ -1,7 +1,5 @@
 // hostile tier, reaching out of the guest: host files, the network, vsock, PID 1, the agent,
 // sysrq. The attacks and what is checked after each are in hostile_check.py (group "escape").
-// Not listed here, because today's agentvm does not contain it (hostile_check.py's
-// NOT_YET_CONTAINED): vsock_flood_host_listener.
 #include <doctest/doctest.h>
 
 #include "tests/hostile/hostile_test.hpp"
@@ -28,6 +26,11 @@ TEST_CASE("network: no connection leaves the guest, by IP, DNS or vsock")
 TEST_CASE("vsock_flood: thousands of guest vsock connections are refused, the VMM unharmed")
 {
     check_attack(run(), "vsock_flood");
+}
+
+TEST_CASE("vsock_flood_host_listener: with --vsock-uds and a host listener, what the VMM cannot serve is refused, the VM goes on")
+{
+    check_attack(run(), "vsock_flood_host_listener");
 }
 
 TEST_CASE("kill_pid1: signals to PID 1 from inside change nothing")

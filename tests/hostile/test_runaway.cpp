@@ -1,7 +1,5 @@
 // hostile tier, runaway code: CPU, processes, memory and output without bounds. The attacks
-// and what is checked after each are in hostile_check.py (group "runaway"). Not listed here,
-// because today's agentvm does not contain them (hostile_check.py's NOT_YET_CONTAINED):
-// fork_bomb_background, stdout_flood_default_cap, cpu_spin_without_timeout.
+// and what is checked after each are in hostile_check.py (group "runaway").
 #include <doctest/doctest.h>
 
 #include "tests/hostile/hostile_test.hpp"
@@ -25,6 +23,16 @@ TEST_CASE("fork_bomb: a fork loop dies with its process group at the call's time
     check_attack(run(), "fork_bomb");
 }
 
+TEST_CASE("fork_bomb_background: a backgrounded bomb is held at the calls' pids.max, the agent answers on")
+{
+    check_attack(run(), "fork_bomb_background");
+}
+
+TEST_CASE("cpu_spin_without_timeout: calls without a timeout end at the episode's default call timeout")
+{
+    check_attack(run(), "cpu_spin_without_timeout");
+}
+
 TEST_CASE("memory_hog: allocating beyond --mem ends as oom_killed, the agent untouched")
 {
     check_attack(run(), "memory_hog");
@@ -33,6 +41,11 @@ TEST_CASE("memory_hog: allocating beyond --mem ends as oom_killed, the agent unt
 TEST_CASE("stdout_flood: flooded stdout and stderr are capped at max_output")
 {
     check_attack(run(), "stdout_flood");
+}
+
+TEST_CASE("stdout_flood_default_cap: a 96 MiB response still crossing does not trip the watchdog")
+{
+    check_attack(run(), "stdout_flood_default_cap");
 }
 
 TEST_CASE("runaway group: no failure, the bystander answered to the end")
