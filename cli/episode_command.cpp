@@ -13,6 +13,7 @@
 #include "cli/exit_codes.hpp"
 #include "cli/supervised.hpp"
 #include "cli/vm_options.hpp"
+#include "guest/agent/protocol.hpp"
 
 namespace agentvm {
 namespace {
@@ -20,6 +21,7 @@ namespace {
 struct EpisodeOptions {
     VmOptions vm{VmRole::agent};
     double boot_timeout_s = 60;
+    double call_timeout_s = EpisodeRelay::default_call_timeout_s;
 };
 
 // The error every unanswered call gets, from how the VM and the relay ended.
@@ -76,7 +78,8 @@ int run_episode(EpisodeOptions& options)
                                agent_vm.fail_unless_vm_ends(why);
                            else
                                agent_vm.fail(why);
-                       });
+                       },
+                       EpisodeRelay::watchdog_grace, options.call_timeout_s);
     const VmResult result = agent_vm.run([&](Fd agent) { relay.start(std::move(agent)); },
                                          [&] { relay.stop_output(); });
 
@@ -110,6 +113,12 @@ Subcommand add_episode_command(CLI::App& app)
                         "seconds the guest agent gets to answer after the VM starts")
         ->capture_default_str()
         ->check(CLI::PositiveNumber);
+    episode->add_option("--call-timeout", options->call_timeout_s,
+                        "seconds an exec or shell call without its own \"timeout\" may run; then its "
+                        "whole process group is killed")
+        ->capture_default_str()
+        ->check(CLI::PositiveNumber)
+        ->check(CLI::Range(0.0, static_cast<double>(max_call_timeout_s)));
     return {episode, [options] { return run_supervised(options->vm, 0, [&] { return run_episode(*options); }); }};
 }
 

@@ -44,7 +44,7 @@ std::optional<CallLimits> limits_of(const Request& request)
 } // namespace
 
 EpisodeRelay::EpisodeRelay(EventLoop& loop, int in_fd, int out_fd, Ended on_end,
-                           std::chrono::milliseconds grace)
+                           std::chrono::milliseconds grace, std::optional<double> call_timeout_s)
     : loop_(loop), on_end_(std::move(on_end)),
       input_(loop, in_fd, max_line_bytes,
              {[this](std::string&& line) { on_request(std::move(line)); },
@@ -55,7 +55,7 @@ EpisodeRelay::EpisodeRelay(EventLoop& loop, int in_fd, int out_fd, Ended on_end,
               [this](int err) { on_input_end(err); }}),
       out_(loop, out_fd,
            [this](int err) { end(End::output_failed, fmt::format("writing to stdout: {}", std::strerror(err))); }),
-      watchdog_(loop, [this] { on_watchdog(); }), grace_(grace)
+      watchdog_(loop, [this] { on_watchdog(); }), grace_(grace), call_timeout_s_(call_timeout_s)
 {
 }
 
@@ -71,6 +71,10 @@ void EpisodeRelay::start(Fd agent)
                           [this](std::string&& line) { on_response(std::move(line)); },
                           [this] { end(End::agent_protocol, "the guest agent sent an over-long line"); },
                           [this](int err) { on_agent_end(err); }});
+    agent_in_->on_partial_line([this](std::string_view partial) {
+        if (const auto id = leading_id(partial))
+            on_progress(*id);
+    });
     agent_in_->start();
     input_.start();
 }
@@ -99,10 +103,16 @@ void EpisodeRelay::on_request(std::string&& line)
                         fmt::format("\"max_output\" is limited to {} bytes in an episode", max_output_limit));
             return;
         }
-        if (limits->timeout_s)
+        std::optional<double> timeout_s = limits->timeout_s;
+        if (!timeout_s && call_timeout_s_) {
+            // Last, so that it also overrides a "timeout":null (JSON's last duplicate wins);
+            // the line is an object (it parsed), so it ends with its closing brace.
+            timeout_s = call_timeout_s_;
+            line.insert(line.find_last_of('}'), fmt::format(",\"timeout\":{}", *timeout_s));
+        }
+        if (timeout_s)
             pending.deadline = Clock::now()
-                + std::chrono::duration_cast<Clock::duration>(
-                                   std::chrono::duration<double>(*limits->timeout_s))
+                + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(*timeout_s))
                 + grace_;
     }
     const bool is_close = std::holds_alternative<CloseRequest>(request.op);
@@ -149,10 +159,26 @@ void EpisodeRelay::on_response(std::string&& line)
         end(End::agent_protocol, "the guest agent sent a line that is not a JSON object");
         return;
     }
-    if (!summary->is_event && summary->id && pending_.erase(*summary->id))
-        arm_watchdog();
+    if (summary->id) {
+        if (summary->is_event)
+            on_progress(*summary->id);
+        else if (pending_.erase(*summary->id))
+            arm_watchdog();
+    }
     line.push_back('\n');
     emit(std::move(line));
+}
+
+void EpisodeRelay::on_progress(const std::string& id)
+{
+    const auto call = pending_.find(id);
+    if (call == pending_.end() || !call->second.deadline)
+        return;
+    const auto later = Clock::now() + grace_;
+    if (*call->second.deadline < later) {
+        call->second.deadline = later;
+        arm_watchdog();
+    }
 }
 
 void EpisodeRelay::on_agent_end(int err)
@@ -178,12 +204,21 @@ void EpisodeRelay::reply_error(const std::string& id_json, const std::string& co
 void EpisodeRelay::emit(std::string line)
 {
     out_.write(std::move(line));
-    if (!ended_ && agent_in_ && out_.queued_bytes() > max_queued_to_output) {
+    if (!ended_ && agent_in_ && !agent_paused_ && out_.queued_bytes() > max_queued_to_output) {
         // The harness is not keeping up: let the agent's output wait in the guest instead.
         agent_in_->pause();
+        agent_paused_ = true;
         out_.when_flushed([this] {
-            if (!ended_)
-                agent_in_->resume();
+            agent_paused_ = false;
+            if (ended_)
+                return;
+            // Meanwhile the agent could not be heard: no call's silence counts until now.
+            const auto later = Clock::now() + grace_;
+            for (auto& [id, call] : pending_)
+                if (call.deadline && *call.deadline < later)
+                    call.deadline = later;
+            arm_watchdog();
+            agent_in_->resume();
         });
     }
 }
@@ -202,12 +237,14 @@ void EpisodeRelay::arm_watchdog()
 
 void EpisodeRelay::on_watchdog()
 {
+    if (agent_paused_)
+        return;  // re-armed when reading resumes
     const auto now = Clock::now();
     for (const auto& [id, call] : pending_) {
         if (call.deadline && *call.deadline <= now) {
             end(End::watchdog,
-                fmt::format("call {} did not answer within {} s after its timeout: the guest is not "
-                            "responding", id, std::chrono::duration<double>(grace_).count()));
+                fmt::format("call {} sent nothing of its answer for {} s past its timeout: the guest is "
+                            "not responding", id, std::chrono::duration<double>(grace_).count()));
             return;
         }
     }
@@ -216,7 +253,7 @@ void EpisodeRelay::on_watchdog()
 
 void EpisodeRelay::end(End how, const std::string& why)
 {
-    if (ended_)
+    if (ended_ || stopping_)
         return;
     ended_ = true;
     input_.pause();

@@ -33,16 +33,24 @@ public:
     using Ended = std::function<void(End, const std::string& why)>;
 
     // How long past a call's own timeout the agent gets to answer before the VM is deemed
-    // wedged: the agent kills at the timeout and answers within half a second after.
+    // wedged: the agent kills at the timeout and answers within half a second after. Every
+    // byte of the call's answer that arrives (a big response takes a while to cross) starts
+    // the grace period again: only an agent that stays silent trips the watchdog.
     static constexpr std::chrono::seconds watchdog_grace{10};
+    // The timeout of an exec or shell call that names none (episode --call-timeout, run
+    // --timeout): without one, a command that never ends would hold its call forever.
+    static constexpr double default_call_timeout_s = 600;
     // One stream's max_output in an episode, which bounds every response line.
     static constexpr uint64_t max_output_limit = uint64_t{64} << 20;
     // Six bytes per output byte at worst (a control byte escaped as \u00XX), two streams,
     // and room for the other fields: no honest response line is longer.
     static constexpr size_t max_response_line = 12 * max_output_limit + (size_t{1} << 20);
 
+    // call_timeout_s: added as "timeout" to every exec and shell request without one
+    // (nullopt: requests go to the agent unchanged).
     EpisodeRelay(EventLoop& loop, int in_fd, int out_fd, Ended on_end,
-                 std::chrono::milliseconds grace = watchdog_grace);
+                 std::chrono::milliseconds grace = watchdog_grace,
+                 std::optional<double> call_timeout_s = std::nullopt);
     EpisodeRelay(const EpisodeRelay&) = delete;
     EpisodeRelay& operator=(const EpisodeRelay&) = delete;
 
@@ -51,8 +59,14 @@ public:
     // After stop_output(): an error response for every call still waiting, queued for
     // flush_output(). Returns how many there were.
     size_t fail_pending(const std::string& code, const std::string& message);
-    // The loop is about to stop: stdout writes only queue from now on (see AsyncWriter).
-    void stop_output() { out_.stop(); }
+    // The loop is about to stop: stdout writes only queue from now on (see AsyncWriter), and
+    // the relay no longer ends by itself: the agent's connection going away now is a
+    // consequence of the VM stopping, not its cause.
+    void stop_output()
+    {
+        stopping_ = true;
+        out_.stop();
+    }
     // After the loop has stopped: writes everything still queued.
     void flush_output() { out_.flush_blocking(); }
 
@@ -67,6 +81,8 @@ private:
     void on_response(std::string&& line);
     void on_input_end(int err);
     void on_agent_end(int err);
+    // Bytes of call `id`'s answer arrived: it gets the grace period again from now.
+    void on_progress(const std::string& id);
     void reply_error(const std::string& id_json, const std::string& code, const std::string& message);
     void emit(std::string line);
     void arm_watchdog();
@@ -82,10 +98,13 @@ private:
     std::optional<AsyncWriter> agent_out_;
     LoopTimer watchdog_;
     std::chrono::milliseconds grace_;
+    std::optional<double> call_timeout_s_;
     std::map<std::string, Pending> pending_;  // by id as compact JSON
     uint64_t requests_ = 0;
     bool input_done_ = false;  // stdin ended, or a close call was sent
     bool ended_ = false;
+    bool stopping_ = false;  // stop_output() ran
+    bool agent_paused_ = false;  // not reading the agent until stdout has drained
 };
 
 } // namespace agentvm

@@ -56,6 +56,8 @@ void LineReader::on_readable()
         return;
     if (n > 0) {
         framer_.feed({buffer.data(), static_cast<size_t>(n)});
+        if (on_partial_ && !ended_ && !framer_.partial().empty())
+            on_partial_(framer_.partial());
         return;
     }
     const int err = n < 0 ? errno : 0;

@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <functional>
 #include <string>
+#include <string_view>
 
 #include "guest/agent/line_framer.hpp"
 #include "vmm/event_loop.hpp"
@@ -26,6 +27,9 @@ public:
     LineReader& operator=(const LineReader&) = delete;
 
     void start();
+    // Optional: runs after each read that leaves a line unfinished, with what has arrived of
+    // it (valid during the call). A long line still crossing is progress to a watchdog.
+    void on_partial_line(std::function<void(std::string_view partial)> handler) { on_partial_ = std::move(handler); }
     // Backpressure: stop reading until resume() (lines already read are still delivered).
     void pause();
     void resume();
@@ -37,6 +41,7 @@ private:
     EventLoop& loop_;
     int fd_;
     Handlers handlers_;
+    std::function<void(std::string_view)> on_partial_;
     LineFramer framer_;
     bool watching_ = false;
     bool paused_ = false;

@@ -74,6 +74,33 @@ private:
 
 } // namespace
 
+std::optional<std::string> leading_id(std::string_view partial_line)
+{
+    constexpr std::string_view start = "{\"id\":";
+    if (!partial_line.starts_with(start))
+        return std::nullopt;
+    const std::string_view rest = partial_line.substr(start.size());
+    size_t end = 0;
+    if (rest.starts_with('"')) {
+        // A string ends at its first unescaped quote.
+        for (end = 1; end < rest.size() && rest[end] != '"'; ++end)
+            if (rest[end] == '\\')
+                ++end;
+        if (end >= rest.size())
+            return std::nullopt;
+        ++end;
+    } else {
+        // A number ends where its characters do; only a byte after it proves it complete.
+        end = rest.find_first_not_of("+-.0123456789eE");
+        if (end == 0 || end == std::string_view::npos)
+            return std::nullopt;
+    }
+    const json id = json::parse(rest.substr(0, end), nullptr, false);
+    if (id.is_discarded() || !(id.is_string() || id.is_number()))
+        return std::nullopt;
+    return id.dump();
+}
+
 std::optional<ResponseSummary> summarize_response(std::string_view line)
 {
     Summarizer summarizer;

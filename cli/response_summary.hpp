@@ -19,4 +19,9 @@ struct ResponseSummary {
 // nullopt when the line is not a JSON object.
 std::optional<ResponseSummary> summarize_response(std::string_view line);
 
+// The "id" of a line still arriving, from its first bytes, as compact JSON like
+// ResponseSummary::id: the agent writes every line as {"id":<string or number>,... (compact,
+// "id" first). nullopt until the id has arrived whole, or when the line does not start so.
+std::optional<std::string> leading_id(std::string_view partial_line);
+
 } // namespace agentvm

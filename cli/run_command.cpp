@@ -33,7 +33,7 @@ constexpr size_t max_stdin_bytes = size_t{32} << 20;
 struct RunOptions {
     VmOptions vm{VmRole::agent};
     double boot_timeout_s = 60;
-    std::optional<double> timeout_s;
+    double timeout_s = EpisodeRelay::default_call_timeout_s;
     std::vector<std::string> env;
     std::string workdir;
     uint64_t max_output = default_max_output;
@@ -78,8 +78,7 @@ std::string exec_request(const RunOptions& options)
     }
     if (!options.workdir.empty())
         request["cwd"] = options.workdir;
-    if (options.timeout_s)
-        request["timeout"] = *options.timeout_s;
+    request["timeout"] = options.timeout_s;
     if (options.forward_stdin)
         put_bytes(request, "stdin", read_all_stdin());
     std::string line = to_line(request);
@@ -118,7 +117,7 @@ CommandEnd command_end_of(const Json& response, const RunOptions& options)
         end.timed_out = true;
         end.exit_code = exit_code::run_timed_out;
         notes.push_back(fmt::format("the command timed out after {} s and was killed with its process group",
-                                    *options.timeout_s));
+                                    options.timeout_s));
     } else if (const auto signal = response.find("signal"); signal != response.end() && signal->is_number()) {
         end.exit_code = exit_code::signal_base + signal->get<int>();
         notes.push_back(response.value("oom_killed", false)
@@ -140,7 +139,7 @@ public:
           stdout_(loop_, STDOUT_FILENO, [this](int err) { output_failed("stdout", err); }),
           stderr_(loop_, STDERR_FILENO, [this](int err) { output_failed("stderr", err); }),
           watchdog_(loop_, [this] {
-              fail(fmt::format("the guest did not answer within {} s after the command's timeout",
+              fail(fmt::format("the guest sent nothing for {} s past the command's timeout",
                                EpisodeRelay::watchdog_grace.count()));
           })
     {
@@ -156,16 +155,20 @@ public:
                           LineReader::Handlers{[this](std::string&& line) { on_line(line); },
                                                [this] { fail("the guest agent sent an over-long line"); },
                                                [this](int) { on_agent_end(); }});
+        agent_in_->on_partial_line([this](std::string_view) { on_progress(); });
         agent_in_->start();
         agent_out_->write(std::move(request_));
-        if (options_.timeout_s)
-            watchdog_.arm(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                              std::chrono::duration<double>(*options_.timeout_s))
-                          + EpisodeRelay::watchdog_grace);
+        watchdog_deadline_ = Clock::now()
+            + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(options_.timeout_s))
+            + EpisodeRelay::watchdog_grace;
+        watchdog_.arm(watchdog_deadline_ - Clock::now());
     }
 
     void stop_output()
     {
+        // From now on the VM is going away: what the agent's connection does is its
+        // consequence, not a failure of ours to report.
+        stopping_ = true;
         stdout_.stop();
         stderr_.stop();
     }
@@ -179,10 +182,24 @@ public:
     const std::string& failure() const { return failure_; }
 
 private:
+    using Clock = std::chrono::steady_clock;
+
+    // Bytes from the agent: it is answering (a big response takes a while to cross), so the
+    // watchdog's grace starts again (EpisodeRelay::watchdog_grace).
+    void on_progress()
+    {
+        const auto later = Clock::now() + EpisodeRelay::watchdog_grace;
+        if (later > watchdog_deadline_) {
+            watchdog_deadline_ = later;
+            watchdog_.arm(EpisodeRelay::watchdog_grace);
+        }
+    }
+
     void on_line(const std::string& line)
     {
         if (end_ || !failure_.empty() || broken_pipe_)
             return;
+        on_progress();
         Json message;
         try {
             message = Json::parse(line);
@@ -204,7 +221,7 @@ private:
 
     void on_agent_end()
     {
-        if (end_ || !failure_.empty())
+        if (end_ || !failure_.empty() || stopping_)
             return;
         failure_ = "the guest agent closed the connection before the command finished";
         agent_vm_.fail_unless_vm_ends(failure_);
@@ -226,7 +243,7 @@ private:
 
     void fail(const std::string& why)
     {
-        if (end_ || !failure_.empty())
+        if (end_ || !failure_.empty() || stopping_)
             return;
         failure_ = why;
         agent_vm_.fail(why);
@@ -239,12 +256,14 @@ private:
     AsyncWriter stdout_;
     AsyncWriter stderr_;
     LoopTimer watchdog_;
+    Clock::time_point watchdog_deadline_{};
     Fd agent_;
     std::optional<AsyncWriter> agent_out_;
     std::optional<LineReader> agent_in_;
     std::optional<CommandEnd> end_;
     std::string failure_;
     bool broken_pipe_ = false;
+    bool stopping_ = false;  // stop_output() ran
 };
 
 int run_run(RunOptions& options)
@@ -302,7 +321,9 @@ Subcommand add_run_command(CLI::App& app)
         ->check(CLI::PositiveNumber);
     run->add_option("--timeout", options->timeout_s,
                     "seconds the command may run; then its whole process group is killed (exit 124)")
-        ->check(CLI::PositiveNumber);
+        ->capture_default_str()
+        ->check(CLI::PositiveNumber)
+        ->check(CLI::Range(0.0, static_cast<double>(max_call_timeout_s)));
     run->add_option("--env", options->env, "NAME=VALUE added to the command's environment (repeatable)");
     run->add_option("--workdir", options->workdir, "directory in the guest to run the command in");
     run->add_option("--max-output", options->max_output,

@@ -10,8 +10,19 @@ namespace agentvm {
 namespace {
 
 constexpr char agent_path[] = "/sbin/agentvm-agent";
+// The OOM killer's floor: never chosen. An agent killed for memory would take every
+// running call with it, while the command that ate the memory survived.
+constexpr int unkillable = -1000;
 
 } // namespace
+
+AgentService::AgentService(const std::optional<std::string>& call_cgroup) : argv_{agent_path}
+{
+    if (call_cgroup) {
+        argv_.push_back("--call-cgroup");
+        argv_.push_back(*call_cgroup);
+    }
+}
 
 void AgentService::start()
 {
@@ -19,7 +30,7 @@ void AgentService::start()
         say_errno(agent_path);
         return;
     }
-    pid_ = start_daemon({agent_path}, "/root");
+    pid_ = start_daemon(argv_, "/root", unkillable);
 }
 
 void AgentService::on_reaped(pid_t pid, int wait_status)

@@ -1,17 +1,24 @@
 // Keeps the tool-call agent (/sbin/agentvm-agent, listening on vsock) running for the life
 // of the guest: init starts it before anything else runs and restarts it when it dies, so a
-// tool call that kills the agent costs one failed call, not the episode.
+// tool call that kills the agent costs one failed call, not the episode. The agent is never
+// the guest OOM killer's choice (oom_score_adj -1000; the commands it runs are not).
 #pragma once
 
 #include <sys/types.h>
 
 #include <chrono>
 #include <deque>
+#include <optional>
+#include <string>
+#include <vector>
 
 namespace agentvm {
 
 class AgentService {
 public:
+    // call_cgroup: where the agent puts every tool call's processes (calls_cgroup.hpp).
+    explicit AgentService(const std::optional<std::string>& call_cgroup);
+
     // Starts the agent; says why and carries on without it if it cannot.
     void start();
     // Called for every child init reaps: restarts the agent if that was it. An agent that
@@ -25,6 +32,7 @@ private:
     static constexpr size_t max_restarts = 5;
     static constexpr std::chrono::seconds restart_window{10};
 
+    std::vector<std::string> argv_;
     pid_t pid_ = -1;
     std::deque<std::chrono::steady_clock::time_point> restarts_;
 };

@@ -90,5 +90,21 @@ std::optional<std::string> find_cmdline_param(std::string_view cmdline, std::str
     return found;
 }
 
+std::optional<uint32_t> parse_pids_max(std::string_view value)
+{
+    // Eight digits or more are over the limit anyway, and could overflow n.
+    if (value.empty() || value.size() > 7)
+        return std::nullopt;
+    uint32_t n = 0;
+    for (char c : value) {
+        if (c < '0' || c > '9')
+            return std::nullopt;
+        n = n * 10 + static_cast<uint32_t>(c - '0');
+    }
+    if (n == 0 || n > max_pids_max)
+        return std::nullopt;
+    return n;
+}
+
 
 } // namespace agentvm

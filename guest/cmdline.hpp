@@ -7,6 +7,7 @@
 // dot in their name to init, so init reads them from /proc/cmdline.
 #pragma once
 
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -16,6 +17,12 @@ namespace agentvm {
 inline constexpr std::string_view init_cmd_param = "agentvm.init_cmd";
 // Present (no value): run no command and no shell, only the agent, until the host ends the VM.
 inline constexpr std::string_view serve_param = "agentvm.serve";
+// agentvm.pids_max=N: at most N processes and threads in the tool calls' cgroup at once
+// (default_pids_max without it), so a fork bomb meets EAGAIN instead of exhausting the guest.
+inline constexpr std::string_view pids_max_param = "agentvm.pids_max";
+inline constexpr uint32_t default_pids_max = 1024;
+// The kernel's own ceiling on process ids (PID_MAX_LIMIT on 64-bit).
+inline constexpr uint32_t max_pids_max = 4194304;
 
 // The value of parameter `name` in a kernel command line as /proc/cmdline shows it, split
 // and unquoted the way the kernel's own parser (lib/cmdline.c next_arg) does: words end at
@@ -23,6 +30,9 @@ inline constexpr std::string_view serve_param = "agentvm.serve";
 // `name` has the value "", the last occurrence wins, and "--" ends the kernel's parameters
 // (what follows belongs to init). nullopt when the parameter is absent.
 std::optional<std::string> find_cmdline_param(std::string_view cmdline, std::string_view name);
+
+// The value of agentvm.pids_max: decimal digits only, 1 to max_pids_max; nullopt otherwise.
+std::optional<uint32_t> parse_pids_max(std::string_view value);
 
 
 } // namespace agentvm

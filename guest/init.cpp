@@ -15,6 +15,7 @@
 #include <string>
 
 #include "guest/agent_service.hpp"
+#include "guest/calls_cgroup.hpp"
 #include "guest/cmdline.hpp"
 #include "guest/console.hpp"
 #include "guest/loopback.hpp"
@@ -83,15 +84,24 @@ void run()
     bring_up_loopback();
     set_environment();
 
-    AgentService agent;
-    agent.start();
-    const ReapedChild on_reaped = [&agent](pid_t pid, int status) { agent.on_reaped(pid, status); };
-
     std::optional<std::string> cmdline = read_file("/proc/cmdline");
     if (!cmdline) {
         say_errno("read /proc/cmdline");
         return;
     }
+    uint32_t pids_max = default_pids_max;
+    if (const auto given = find_cmdline_param(*cmdline, pids_max_param)) {
+        if (const auto n = parse_pids_max(*given))
+            pids_max = *n;
+        else
+            say("ignoring %s=%s: not a number from 1 to %u", pids_max_param.data(), given->c_str(), max_pids_max);
+    }
+    // Without the cgroup the agent still serves calls (the guest is only less protected
+    // against itself); the console says why.
+    AgentService agent(make_calls_cgroup(pids_max));
+    agent.start();
+    const ReapedChild on_reaped = [&agent](pid_t pid, int status) { agent.on_reaped(pid, status); };
+
     if (find_cmdline_param(*cmdline, serve_param)) {
         // The host ends the VM when it is done with it; the guest only ends it when nothing
         // is left to serve tool calls, so the host learns of it at once.

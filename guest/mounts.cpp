@@ -29,6 +29,10 @@ constexpr Mount dev_mount = {"devtmpfs", "/dev", "devtmpfs", MS_NOSUID, "mode=07
 constexpr Mount later_mounts[] = {
     {"proc", "/proc", "proc", no_suid_dev_exec, nullptr, true},
     {"sysfs", "/sys", "sysfs", no_suid_dev_exec, nullptr, false},
+    // For the tool calls' cgroups (calls_cgroup.hpp); sysfs provides the mount point.
+    // favordynmods: the agent moves a process into a cgroup at every call, which otherwise
+    // waits out an RCU grace period each time; forks get a little slower instead.
+    {"cgroup2", "/sys/fs/cgroup", "cgroup2", no_suid_dev_exec, "favordynmods", false},
     {"devpts", "/dev/pts", "devpts", MS_NOSUID | MS_NOEXEC, "gid=5,mode=0620,ptmxmode=0666", false},
     {"tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777", false},
     {"tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777", false},

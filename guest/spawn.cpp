@@ -7,6 +7,7 @@
 
 #include <cerrno>
 #include <cstdio>
+#include <string>
 
 #include "guest/console.hpp"
 
@@ -81,9 +82,10 @@ void reap_while(const std::function<bool()>& keep_going, const ReapedChild& on_r
     }
 }
 
-pid_t start_daemon(const std::vector<std::string>& argv, const char* cwd)
+pid_t start_daemon(const std::vector<std::string>& argv, const char* cwd, int oom_score_adj)
 {
     std::vector<char*> c_argv = c_argv_of(argv);
+    const std::string adj = std::to_string(oom_score_adj);
     pid_t child = ::fork();
     if (child < 0) {
         say_errno("fork");
@@ -93,6 +95,10 @@ pid_t start_daemon(const std::vector<std::string>& argv, const char* cwd)
         const int null_fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
         if (null_fd >= 0)
             ::dup2(null_fd, STDIN_FILENO);
+        // Set here, before it runs, so the daemon is never without it.
+        const int adj_fd = ::open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
+        if (adj_fd < 0 || ::write(adj_fd, adj.data(), adj.size()) != static_cast<ssize_t>(adj.size()))
+            say_errno("oom_score_adj");
         exec_child(c_argv.data(), cwd, false);
     }
     return child;

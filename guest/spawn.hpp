@@ -25,8 +25,9 @@ std::optional<int> run_on_console(const std::vector<std::string>& argv, const ch
 void reap_while(const std::function<bool()>& keep_going, const ReapedChild& on_reaped);
 
 // Starts argv in the background in a session of its own, stdin from /dev/null, output on the
-// console. Returns its pid, or -1 after saying why.
-pid_t start_daemon(const std::vector<std::string>& argv, const char* cwd);
+// console, with the given oom_score_adj (-1000 to 1000) set before it runs. Returns its pid,
+// or -1 after saying why.
+pid_t start_daemon(const std::vector<std::string>& argv, const char* cwd, int oom_score_adj);
 
 // Prints "<what> exited <code>" or "<what> killed by signal <n>".
 void report_exit(const char* what, int wait_status);

@@ -3,8 +3,10 @@
 #include <poll.h>
 #include <sys/eventfd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <optional>
 #include <utility>
 
 #include <fmt/format.h>
@@ -16,9 +18,18 @@ namespace agentvm {
 
 namespace {
 
-// user_data of a poll cancellation is its target Op's address with this bit set (Ops are
-// at least 8-byte aligned), so both CQEs find the same Op.
+// user_data of a cancellation is its target Op's address with this bit set (Ops are at
+// least 8-byte aligned), so both CQEs find the same Op.
 constexpr uint64_t cancel_tag = 1;
+
+__kernel_timespec timespec_of(std::chrono::steady_clock::duration d)
+{
+    const auto ns = std::max<int64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(d).count(), 0);
+    __kernel_timespec ts{};
+    ts.tv_sec = ns / 1'000'000'000;
+    ts.tv_nsec = ns % 1'000'000'000;
+    return ts;
+}
 
 } // namespace
 
@@ -32,10 +43,17 @@ struct EventLoop::Op {
     short ready_events = 0;  // io: what to poll fd for after an -EAGAIN; 0 = never retry
     int fd = -1;             // poll: the watched fd; io: the fd read or written
     bool cancelled = false;  // poll: unwatched; its completion is ignored
-    // CQEs still to come that name this Op: 1, or 2 for a poll being cancelled. The Op
-    // outlives the cancel's CQE so its address cannot be reused by a new Op that the
-    // cancellation would then hit.
+    // CQEs still to come that name this Op: 1, plus one per cancellation aimed at it (a
+    // poll being unwatched, I/O cancelled by drain()). The Op outlives the cancel's CQE so
+    // its address cannot be reused by a new Op that the cancellation would then hit.
     unsigned refs = 1;
+
+    // A CQE naming the Op has been reaped; the last one frees it.
+    static void release(Op* op)
+    {
+        if (--op->refs == 0)
+            delete op;
+    }
 };
 
 struct EventLoop::Watch {
@@ -79,9 +97,28 @@ EventLoop::~EventLoop()
 
     // The kernel may still be reading into or writing from the callers' buffers: wait for
     // every outstanding CQE. Completions do not run any more; their owners are going away.
+    // As in drain(), I/O that waits on a peer is cancelled after a while, and the wait is
+    // given up rather than hang the process for good.
+    using Clock = std::chrono::steady_clock;
+    auto deadline = Clock::now() + default_drain_patience;
+    bool cancelled = false;
     while (cqes_pending_ > 0) {
-        const int ret = io_uring_submit_and_wait(&ring_, 1);
-        if (ret < 0 && ret != -EINTR) {
+        const auto now = Clock::now();
+        if (now >= deadline) {
+            if (cancelled) {
+                spdlog::error("event loop: {} operation(s) still in the kernel at exit; not waiting for them",
+                              cqes_pending_);
+                break;
+            }
+            cancel_in_flight();
+            cancelled = true;
+            deadline = now + default_drain_patience;
+        }
+        const __kernel_timespec timeout = timespec_of(deadline - now);
+        io_uring_cqe* first = nullptr;
+        const int ret = io_uring_submit_and_wait_timeout(&ring_, &first, 1,
+                                                         const_cast<__kernel_timespec*>(&timeout), nullptr);
+        if (ret < 0 && ret != -EINTR && ret != -ETIME) {
             spdlog::error("event loop: waiting for {} completions at exit: {}", cqes_pending_,
                           std::strerror(-ret));
             break;
@@ -92,8 +129,9 @@ EventLoop::~EventLoop()
             io_uring_cqe_seen(&ring_, cqe);
             --cqes_pending_;
             auto* op = reinterpret_cast<Op*>(user_data & ~cancel_tag);
-            if (--op->refs == 0)
-                delete op;
+            if (!(user_data & cancel_tag))
+                in_flight_.erase(op);
+            Op::release(op);
         }
     }
     io_uring_queue_exit(&ring_);
@@ -126,9 +164,14 @@ void EventLoop::submit_io(Completion done, Prep prep, int fd, short ready_events
     op->prep = std::move(prep);
     op->fd = fd;
     op->ready_events = ready_events;
-    submit(*op);
+    in_flight_.insert(op.get());
+    try {
+        submit(*op);
+    } catch (...) {
+        in_flight_.erase(op.get());
+        throw;
+    }
     op.release();
-    ++in_flight_;
 }
 
 void EventLoop::submit(Op& op)
@@ -140,13 +183,38 @@ void EventLoop::submit(Op& op)
     ++cqes_pending_;
 }
 
-void EventLoop::wait_until_ready(Op& op)
+int EventLoop::resubmit(Op& op, bool wait_for_readiness)
 {
-    io_uring_sqe* sqe = get_sqe();
-    op.kind = Op::Kind::io_wait;
-    io_uring_prep_poll_add(sqe, op.fd, op.ready_events);
+    int err = 0;
+    io_uring_sqe* sqe = try_get_sqe(err);
+    if (!sqe)
+        return err;
+    if (wait_for_readiness) {
+        op.kind = Op::Kind::io_wait;
+        io_uring_prep_poll_add(sqe, op.fd, op.ready_events);
+    } else {
+        op.kind = Op::Kind::io;
+        op.prep(sqe);
+    }
     io_uring_sqe_set_data(sqe, &op);
     ++cqes_pending_;
+    return 0;
+}
+
+void EventLoop::cancel_in_flight()
+{
+    for (Op* op : in_flight_) {
+        int err = 0;
+        io_uring_sqe* sqe = try_get_sqe(err);
+        if (!sqe) {
+            spdlog::error("event loop: cannot cancel I/O in flight: {}", std::strerror(-err));
+            return;
+        }
+        io_uring_prep_cancel64(sqe, reinterpret_cast<uint64_t>(op), 0);
+        io_uring_sqe_set_data64(sqe, reinterpret_cast<uint64_t>(op) | cancel_tag);
+        ++op->refs;
+        ++cqes_pending_;
+    }
 }
 
 void EventLoop::readv(int fd, const iovec* iov, unsigned count, uint64_t offset, Completion done)
@@ -195,23 +263,55 @@ void EventLoop::stop()
     [[maybe_unused]] ssize_t n = ::write(stop_fd_.get(), &one, sizeof one);
 }
 
-void EventLoop::drain()
+bool EventLoop::drain(std::chrono::milliseconds patience)
 {
-    while (in_flight_ > 0)
-        wait_and_dispatch();
+    using Clock = std::chrono::steady_clock;
+    auto deadline = Clock::now() + patience;
+    bool cancelled = false;
+    while (!in_flight_.empty()) {
+        const auto now = Clock::now();
+        if (now >= deadline) {
+            if (cancelled) {
+                spdlog::error("event loop: {} I/O operation(s) did not end even when cancelled; giving up on them",
+                              in_flight_.size());
+                return false;
+            }
+            // Something waits on a peer that will not act (or on a bug of ours): whatever it
+            // is, it must not keep the VMM from ending.
+            spdlog::warn("event loop: {} I/O operation(s) still in flight after {} ms; cancelling them",
+                         in_flight_.size(), patience.count());
+            cancel_in_flight();
+            cancelled = true;
+            deadline = now + patience;
+        }
+        const __kernel_timespec timeout = timespec_of(deadline - now);
+        wait_and_dispatch(&timeout);
+    }
+    return true;
 }
 
-io_uring_sqe* EventLoop::get_sqe()
+io_uring_sqe* EventLoop::try_get_sqe(int& err)
 {
     if (io_uring_sqe* sqe = io_uring_get_sqe(&ring_))
         return sqe;
     // SQEs are normally handed over in the wait call; a full ring is handed over now.
     const int ret = io_uring_submit(&ring_);
-    if (ret < 0)
-        throw_errno("io_uring_submit with a full submission queue", -ret);
+    if (ret < 0) {
+        err = ret;
+        return nullptr;
+    }
     if (io_uring_sqe* sqe = io_uring_get_sqe(&ring_))
         return sqe;
-    throw Error("io_uring submission queue still full after io_uring_submit");
+    err = -EBUSY;
+    return nullptr;
+}
+
+io_uring_sqe* EventLoop::get_sqe()
+{
+    int err = 0;
+    if (io_uring_sqe* sqe = try_get_sqe(err))
+        return sqe;
+    throw_errno("io_uring_submit with a full submission queue", -err);
 }
 
 void EventLoop::arm_poll(Watch& watch, int fd)
@@ -238,10 +338,13 @@ void EventLoop::cancel_poll(Op& poll)
     ++cqes_pending_;
 }
 
-void EventLoop::wait_and_dispatch()
+void EventLoop::wait_and_dispatch(const __kernel_timespec* timeout)
 {
-    const int ret = io_uring_submit_and_wait(&ring_, 1);
-    if (ret < 0 && ret != -EINTR)
+    io_uring_cqe* first = nullptr;
+    const int ret = timeout ? io_uring_submit_and_wait_timeout(&ring_, &first, 1,
+                                                               const_cast<__kernel_timespec*>(timeout), nullptr)
+                            : io_uring_submit_and_wait(&ring_, 1);
+    if (ret < 0 && ret != -EINTR && ret != -ETIME)
         throw_errno("io_uring_submit_and_wait", -ret);
     io_uring_cqe* cqe = nullptr;
     while (io_uring_peek_cqe(&ring_, &cqe) == 0) {
@@ -260,27 +363,36 @@ void EventLoop::dispatch(uint64_t user_data, int32_t res)
     auto* op = reinterpret_cast<Op*>(user_data & ~cancel_tag);
     // A cancellation's own result (done, or already completed) needs no action.
     if ((user_data & cancel_tag) || op->cancelled) {
-        if (--op->refs == 0)
-            delete op;
+        Op::release(op);
         return;
     }
     if (op->kind == Op::Kind::poll) {
         on_poll(op, res);
         return;
     }
+    int32_t result = res;
+    std::optional<bool> retry_after_poll;
     if (op->kind == Op::Kind::io && res == -EAGAIN && op->ready_events != 0) {
-        wait_until_ready(*op);
-        return;
+        retry_after_poll = true;
+    } else if (op->kind == Op::Kind::io_wait && res >= 0) {
+        // Ready (or hung up or in error, which the retried I/O then reports itself); a
+        // poll on a closed fd fails the I/O as reading it would.
+        if (res & POLLNVAL)
+            result = -EBADF;
+        else
+            retry_after_poll = false;
     }
-    if (op->kind == Op::Kind::io_wait && res >= 0 && !(res & POLLNVAL)) {
-        // Ready (or hung up or in error, which the retried I/O then reports itself).
-        submit(*op);
-        return;
+    if (retry_after_poll) {
+        // A retry that went out completes later. One that could not (no SQE to be had) fails
+        // the I/O now: it must never stay counted without anything in the kernel to end it.
+        result = resubmit(*op, *retry_after_poll);
+        if (result == 0)
+            return;
     }
-    const std::unique_ptr<Op> owned(op);
-    --in_flight_;
-    // An io_wait that failed: its error is the I/O's.
-    owned->done(op->kind == Op::Kind::io_wait && res >= 0 ? -EBADF : res);
+    in_flight_.erase(op);
+    Completion done = std::move(op->done);
+    Op::release(op);
+    done(result);
 }
 
 void EventLoop::on_poll(Op* poll, int32_t res)

@@ -338,6 +338,7 @@ void Vm::vcpu_loop(Vcpu& vcpu)
 
 VmResult Vm::run()
 {
+    vsock_host_->update_stream_cap();
     for (auto& vcpu : vcpus_)
         threads_.emplace_back([this, v = vcpu.get()] { vcpu_loop(*v); });
     try {
@@ -356,7 +357,16 @@ VmResult Vm::run()
     vsock_host_->close_all();
     for (auto& hook : stopping_hooks_)
         hook();
-    loop_.drain();
+    for (;;) {
+        // Completions still run while draining, and one may fail like any other: the VM
+        // has failed then, and the rest must still be waited for.
+        try {
+            loop_.drain();
+            break;
+        } catch (const std::exception& e) {
+            stop(VmOutcome::failed, fmt::format("I/O loop: {}", e.what()));
+        }
+    }
     std::lock_guard lock(result_mutex_);
     return result_.value_or(VmResult{VmOutcome::stopped, "stopped"});
 }

@@ -1,5 +1,6 @@
 #include "vmm/vsock_host.hpp"
 
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -24,6 +25,9 @@ namespace {
 // speaking the protocol.
 constexpr size_t max_connect_line = 32;
 constexpr size_t read_chunk = vsock_max_payload;
+// Descriptors kept out of the guest's reach (see stream_cap), half the limit when the limit
+// itself is lower: besides its streams an episode's VMM holds about 25 (one more per vCPU).
+constexpr uint64_t fd_reserve = 256;
 
 sockaddr_un unix_address(const std::string& path)
 {
@@ -38,10 +42,7 @@ sockaddr_un unix_address(const std::string& path)
 
 Fd unix_stream_socket()
 {
-    Fd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
-    if (!fd)
-        throw_errno("creating a Unix socket for vsock");
-    return fd;
+    return Fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
 }
 
 std::optional<uint32_t> parse_connect_line(std::string_view line)
@@ -85,10 +86,13 @@ struct VsockHost::Stream {
 VsockHost::VsockHost(EventLoop& loop, std::optional<std::string> path)
     : loop_(loop), path_(std::move(path))
 {
+    update_stream_cap();
     if (!path_)
         return;
     const sockaddr_un addr = unix_address(*path_);
     listener_ = unix_stream_socket();
+    if (!listener_)
+        throw_errno("creating a Unix socket for vsock");
     if (::bind(listener_.get(), reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) != 0)
         throw_errno(fmt::format("cannot listen for vsock connections at '{}'", *path_));
     if (::listen(listener_.get(), 64) != 0)
@@ -111,11 +115,48 @@ void VsockHost::close_all()
     std::unique_lock<std::recursive_mutex> lock;
     if (device_)
         lock = std::unique_lock(device_->mutex());
-    for (auto& [id, s] : streams_) {
-        s->closed = true;
-        ::shutdown(s->fd.get(), SHUT_RDWR);  // completes any read in flight
+    closing_ = true;
+    // Not only the device's connections: a host client still sending its CONNECT line, or
+    // a stream flushing the guest's last bytes to a host that does not read, has I/O in
+    // flight too.
+    for (const auto& weak : sockets_) {
+        if (const StreamPtr s = weak.lock()) {
+            s->closed = true;
+            ::shutdown(s->fd.get(), SHUT_RDWR);  // completes any read or write in flight
+        }
     }
+    sockets_.clear();
     streams_.clear();
+}
+
+size_t VsockHost::open_streams()
+{
+    std::erase_if(sockets_, [](const std::weak_ptr<Stream>& s) { return s.expired(); });
+    return sockets_.size();
+}
+
+size_t VsockHost::stream_cap_for(uint64_t soft_limit)
+{
+    return soft_limit - std::min<uint64_t>(fd_reserve, soft_limit / 2);
+}
+
+void VsockHost::update_stream_cap()
+{
+    rlimit limit{};
+    if (::getrlimit(RLIMIT_NOFILE, &limit) != 0)
+        throw_errno("getrlimit(RLIMIT_NOFILE)");
+    // No limit: the device's own cap on connections is the only one.
+    stream_cap_ = limit.rlim_cur == RLIM_INFINITY ? VirtioVsock::max_connections : stream_cap_for(limit.rlim_cur);
+}
+
+VsockHost::StreamPtr VsockHost::new_stream(Fd fd)
+{
+    auto s = std::make_shared<Stream>();
+    s->fd = std::move(fd);
+    if (sockets_.size() >= prune_at_)
+        prune_at_ = std::max<size_t>(64, 2 * open_streams());
+    sockets_.push_back(s);
+    return s;
 }
 
 void VsockHost::accept_clients()
@@ -127,9 +168,7 @@ void VsockHost::accept_clients()
                 spdlog::warn("vsock: accept on '{}' failed: {}", *path_, std::strerror(errno));
             return;
         }
-        auto s = std::make_shared<Stream>();
-        s->fd = std::move(fd);
-        read_connect_line(s);
+        read_connect_line(new_stream(std::move(fd)));
     }
 }
 
@@ -168,8 +207,7 @@ Fd VsockHost::connect_internal(uint32_t port)
     if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0, fds) != 0)
         throw_errno("socketpair for an internal vsock connection");
     Fd theirs(fds[1]);
-    auto s = std::make_shared<Stream>();
-    s->fd = Fd(fds[0]);
+    const StreamPtr s = new_stream(Fd(fds[0]));
     std::lock_guard lock(device_->mutex());
     start_connect(s, port);
     return theirs;
@@ -180,7 +218,7 @@ void VsockHost::start_connect(const StreamPtr& s, uint32_t port)
     s->id = {next_host_port_++, port};
     s->phase = Stream::Phase::connecting;
     streams_[s->id] = s;
-    if (!device_->connect(s->id)) {
+    if (closing_ || !device_->connect(s->id)) {
         // Dropping the stream closes our end: the client reads end-of-file, as for a refusal.
         streams_.erase(s->id);
         spdlog::debug("vsock: guest cannot take a connection to port {} now", port);
@@ -189,18 +227,36 @@ void VsockHost::start_connect(const StreamPtr& s, uint32_t port)
 
 bool VsockHost::on_connect_request(VsockConnId id)
 {
-    if (!path_ || streams_.count(id))
+    if (!path_ || closing_ || streams_.count(id))
         return false;
+    const size_t open = open_streams();
+    if (open >= stream_cap_) {
+        guest_warn(warn_, "vsock: refusing guest port {} -> host port {}: {} host sockets open, at most {} "
+                   "within the descriptor limit", id.guest_port, id.host_port, open, stream_cap_);
+        return false;
+    }
     const std::string target = fmt::format("{}_{}", *path_, id.host_port);
+    if (target.size() >= sizeof(sockaddr_un::sun_path)) {
+        guest_warn(warn_, "vsock: refusing guest port {} -> host port {}: '{}' is too long for a Unix socket path",
+                   id.guest_port, id.host_port, target);
+        return false;
+    }
     const sockaddr_un addr = unix_address(target);
-    auto s = std::make_shared<Stream>();
-    s->fd = unix_stream_socket();
+    Fd fd = unix_stream_socket();
+    if (!fd) {
+        // EMFILE or ENFILE (descriptors the cap did not foresee), ENOMEM, ENOBUFS: the guest
+        // is refused, the VM goes on.
+        guest_warn(warn_, "vsock: refusing guest port {} -> host port {}: no socket: {}", id.guest_port,
+                   id.host_port, std::strerror(errno));
+        return false;
+    }
     // A Unix socket connect completes at once or fails at once (EAGAIN: backlog full).
-    if (::connect(s->fd.get(), reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) != 0) {
+    if (::connect(fd.get(), reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) != 0) {
         spdlog::debug("vsock: guest port {} -> host port {}: nothing listens at '{}' ({})",
                       id.guest_port, id.host_port, target, std::strerror(errno));
         return false;
     }
+    const StreamPtr s = new_stream(std::move(fd));
     s->id = id;
     streams_[id] = s;
     // The device registers the connection only once we return, so its send budget is not

@@ -6,6 +6,10 @@
 //    listens there; otherwise the guest's connect is refused (RST).
 // Without a path nothing on the host is reachable and the guest can reach nothing.
 //
+// Every stream costs the VMM one descriptor, and the guest opens connections at will: a
+// connection the VMM cannot serve (over stream_cap(), or no socket to be had) is refused
+// with RST and a rate-limited warning, never an error that would stop the VM.
+//
 // Threads: everything runs on the event loop's thread. The device's mutex is the only lock:
 // loop callbacks take it before touching connections, and the device calls back with it
 // held, so the two can never wait on each other.
@@ -40,8 +44,23 @@ public:
     // it reads "OK <n>\n" once the guest accepts, or end-of-file if it refuses. Call on the
     // loop's thread (or before it runs).
     Fd connect_internal(uint32_t port);
-    // Shuts every host stream so that no I/O stays in flight: call before draining the loop.
+    // Shuts every host stream, those still in their handshake or flushing included, so that
+    // no I/O stays in flight, and refuses every connection from now on: call before
+    // draining the loop.
     void close_all();
+
+    // Host streams open now, each holding one descriptor (also those the device has let go
+    // of whose last bytes are still being written).
+    size_t open_streams();
+    // How many streams may be open before a guest's connection is refused: the soft
+    // RLIMIT_NOFILE less a reserve for every other descriptor the VMM needs (devices,
+    // vCPUs, timers, the agent link, the console).
+    size_t stream_cap() const { return stream_cap_; }
+    static size_t stream_cap_for(uint64_t soft_limit);
+    // Reads RLIMIT_NOFILE again: done when the VM is built and again as it starts running,
+    // since a jail may change the limit in between, and the I/O loop's thread may not be
+    // allowed to ask once it runs. Not thread-safe: before the loop runs, or on its thread.
+    void update_stream_cap();
 
     bool on_connect_request(VsockConnId id) override;
     void on_connected(VsockConnId id) override;
@@ -54,6 +73,9 @@ private:
     struct Stream;
     using StreamPtr = std::shared_ptr<Stream>;
 
+    // A stream for fd, counted by open_streams() and reached by close_all() for as long as
+    // it lives.
+    StreamPtr new_stream(Fd fd);
     void accept_clients();
     void read_connect_line(const StreamPtr& s);
     void start_connect(const StreamPtr& s, uint32_t port);  // device mutex held
@@ -68,6 +90,12 @@ private:
     VirtioVsock* device_ = nullptr;
     uint32_t next_host_port_ = 1u << 30;  // ports we hand out to host-initiated connections
     std::map<VsockConnId, StreamPtr> streams_;
+    // Every stream ever made that may still be alive; pruned of the dead as it grows.
+    std::vector<std::weak_ptr<Stream>> sockets_;
+    size_t prune_at_ = 64;
+    bool closing_ = false;  // close_all() ran
+    size_t stream_cap_ = 0;
+    WarnLimiter warn_;       // for refusals, which the guest triggers at will
 };
 
 } // namespace agentvm

@@ -31,15 +31,15 @@ bool Capture::read_some(const Json& id, bool stream, Outbox& outbox)
     kept_.append(kept);
     if (stream && !kept.empty()) {
         Json event{{"id", id}, {"event", name_}};
-        put_bytes(event, "data", kept);
+        put_bytes(event, "data", std::string(kept));
         outbox.send(to_line(event));
     }
     return true;
 }
 
-void Capture::put(Json& response) const
+void Capture::put(Json& response)
 {
-    put_bytes(response, name_, kept_);
+    put_bytes(response, name_, std::move(kept_));
     response[std::string(name_) + "_truncated"] = truncated_;
 }
 

@@ -21,8 +21,9 @@ public:
     bool open() const { return static_cast<bool>(fd_); }
     // One non-blocking read. Returns whether bytes arrived; closes the fd at end of file.
     bool read_some(const Json& id, bool stream, Outbox& outbox);
-    // Adds "<name>" or "<name>_b64", and "<name>_truncated".
-    void put(Json& response) const;
+    // Adds "<name>" or "<name>_b64", and "<name>_truncated", moving the kept bytes out:
+    // once, at the end of the call.
+    void put(Json& response);
 
 private:
     const char* name_;

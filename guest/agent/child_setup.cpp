@@ -1,19 +1,42 @@
 #include "guest/agent/child_setup.hpp"
 
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <string_view>
+
+#include "guest/agent/call_cgroup.hpp"
+#include "vmm/fd.hpp"
 
 namespace agentvm {
 
 namespace {
 
 constexpr char default_path[] = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+// Set by confine_calls() before any child exists; children only read it.
+bool reset_oom_score = false;
+
+int own_oom_score_adj()
+{
+    Fd fd(::open("/proc/self/oom_score_adj", O_RDONLY | O_CLOEXEC));
+    char text[16] = {};
+    if (!fd || ::read(fd.get(), text, sizeof(text) - 1) <= 0)
+        return 0;
+    return std::atoi(text);
+}
+
+// Async-signal-safe: runs between fork and execve.
+bool write_text(int fd, std::string_view text)
+{
+    return ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
+}
 
 bool is_executable_file(const std::string& path)
 {
@@ -79,8 +102,27 @@ ChildPlan plan_child(const ExecRequest& request)
     return plan;
 }
 
+void confine_calls(const std::optional<std::string>& cgroup_parent)
+{
+    CallCgroup::set_parent(cgroup_parent);
+    reset_oom_score = own_oom_score_adj() != 0;
+}
+
 void exec_child(ChildPlan& plan, int stdin_fd, int stdout_fd, int stderr_fd, int status_fd)
 {
+    // First, before the command can start anything: "0" moves the writer itself, and every
+    // process it starts from now on is born in the cgroup.
+    if (plan.cgroup_procs >= 0 && !write_text(plan.cgroup_procs, "0")) {
+        write_failure(status_fd, 2);
+        ::_exit(127);
+    }
+    if (reset_oom_score) {
+        const int fd = ::open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
+        if (fd < 0 || !write_text(fd, "0")) {
+            write_failure(status_fd, 3);
+            ::_exit(127);
+        }
+    }
     ::setsid();
     ::signal(SIGPIPE, SIG_DFL);
     sigset_t none;
@@ -101,6 +143,10 @@ void exec_child(ChildPlan& plan, int stdin_fd, int stdout_fd, int stderr_fd, int
 
 void throw_child_failure(const ChildPlan& plan, const ChildFailure& failure)
 {
+    if (failure.stage >= 2) {
+        const char* what = failure.stage == 2 ? "joining the call's cgroup" : "setting oom_score_adj";
+        throw CallError("spawn_failed", std::string(what) + ": " + std::strerror(failure.error));
+    }
     const bool missing = failure.error == ENOENT || failure.error == ENOTDIR;
     const std::string what = failure.stage == 0 ? "cwd " + plan.cwd : plan.path;
     throw CallError(missing ? "not_found" : "spawn_failed", what + ": " + std::strerror(failure.error));

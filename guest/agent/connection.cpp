@@ -195,7 +195,7 @@ void Connection::start_call(Json id, std::function<Json()> call)
         } catch (const std::exception& e) {
             response = error_response(id, "internal", e.what());
         }
-        outbox_.send(to_line(response));
+        outbox_.send_message(std::move(response));
         // Last touch of *this: serve() may return and destroy the connection as soon as
         // the count reaches zero and the lock is released.
         std::lock_guard lock(mutex_);

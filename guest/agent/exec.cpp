@@ -13,6 +13,7 @@
 #include <cstring>
 #include <optional>
 
+#include "guest/agent/call_cgroup.hpp"
 #include "guest/agent/capture.hpp"
 #include "guest/agent/child_setup.hpp"
 #include "guest/agent/drain.hpp"
@@ -90,6 +91,9 @@ private:
 Json run_exec(const Json& id, const ExecRequest& request, Outbox& outbox, int cancel_fd)
 {
     ChildPlan plan = plan_child(request);
+    // Outlives the child: removed once the call has reaped it (or later, see CallCgroup).
+    const CallCgroup cgroup("exec");
+    plan.cgroup_procs = cgroup.procs_fd();
 
     Pipe out = make_pipe();
     Pipe err = make_pipe();

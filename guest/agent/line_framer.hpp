@@ -20,6 +20,8 @@ public:
     void feed(std::string_view bytes);
     // End of stream: a last line without '\n' still counts as a line.
     void finish();
+    // What has arrived of the line not yet ended ("" while an over-long one is skipped).
+    std::string_view partial() const { return partial_; }
 
 private:
     size_t max_line_;

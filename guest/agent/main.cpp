@@ -11,10 +11,12 @@
 #include <chrono>
 #include <cstdio>
 #include <exception>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <thread>
 
+#include "guest/agent/child_setup.hpp"
 #include "guest/agent/connection.hpp"
 #include "guest/agent/listen_address.hpp"
 #include "vmm/error.hpp"
@@ -23,7 +25,7 @@ namespace agentvm {
 
 namespace {
 
-constexpr char usage[] = "usage: agentvm-agent [--listen vsock:PORT|unix:PATH]\n";
+constexpr char usage[] = "usage: agentvm-agent [--listen vsock:PORT|unix:PATH] [--call-cgroup DIR]\n";
 
 // Commands get pipes for stdio, but descriptors 0-2 must not be handed out to pipes of
 // our own, or dup2 in a child would clobber them; init may start us with them closed.
@@ -47,12 +49,15 @@ void serve_connection(Fd socket)
 int run(int argc, char** argv)
 {
     std::string spec = "vsock:" + std::to_string(default_agent_port);
+    std::optional<std::string> call_cgroup;
     for (int i = 1; i < argc; ++i) {
         const std::string_view arg = argv[i];
         if (arg == "--listen" && i + 1 < argc) {
             spec = argv[++i];
         } else if (arg.starts_with("--listen=")) {
             spec = std::string(arg.substr(9));
+        } else if (arg == "--call-cgroup" && i + 1 < argc) {
+            call_cgroup = argv[++i];
         } else {
             std::fputs(usage, stderr);
             return 2;
@@ -63,6 +68,7 @@ int run(int argc, char** argv)
     // A peer that goes away mid-answer must cost a failed send, not the agent.
     ::signal(SIGPIPE, SIG_IGN);
     ensure_standard_fds();
+    confine_calls(call_cgroup);
     Fd listener = listen_on(address);
     std::fprintf(stderr, "agentvm-agent: listening on %s\n", spec.c_str());
 

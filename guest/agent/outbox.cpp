@@ -6,6 +6,12 @@
 #include <utility>
 
 namespace agentvm {
+namespace {
+
+// What send_message encodes and sends at a time.
+constexpr size_t message_piece = size_t{1} << 20;
+
+} // namespace
 
 Outbox::Outbox(int socket, std::function<void()> on_broken)
     : socket_(socket), on_broken_(std::move(on_broken)), writer_([this] { write_loop(); })
@@ -24,6 +30,15 @@ void Outbox::send(std::string line)
         return;
     queued_bytes_ += line.size();
     queue_.push_back(std::move(line));
+    changed_.notify_all();
+}
+
+void Outbox::send_message(Json message)
+{
+    std::lock_guard lock(mutex_);
+    if (broken_ || stopping_)
+        return;
+    queue_.push_back(std::move(message));
     changed_.notify_all();
 }
 
@@ -49,6 +64,19 @@ void Outbox::flush_and_stop()
         writer_.join();
 }
 
+bool Outbox::send_all(std::string_view bytes)
+{
+    while (!bytes.empty()) {
+        const ssize_t n = ::send(socket_, bytes.data(), bytes.size(), MSG_NOSIGNAL);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            return false;
+        bytes.remove_prefix(static_cast<size_t>(n));
+    }
+    return true;
+}
+
 void Outbox::write_loop()
 {
     std::unique_lock lock(mutex_);
@@ -56,24 +84,23 @@ void Outbox::write_loop()
         changed_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
         if (queue_.empty())
             return; // stopping and flushed
-        std::string line = std::move(queue_.front());
+        auto entry = std::move(queue_.front());
         queue_.pop_front();
         lock.unlock();
 
         bool ok = true;
-        for (size_t sent = 0; sent < line.size();) {
-            const ssize_t n = ::send(socket_, line.data() + sent, line.size() - sent, MSG_NOSIGNAL);
-            if (n < 0 && errno == EINTR)
-                continue;
-            if (n <= 0) {
-                ok = false;
-                break;
-            }
-            sent += static_cast<size_t>(n);
+        size_t counted = 0;
+        if (auto* line = std::get_if<std::string>(&entry)) {
+            ok = send_all(*line);
+            counted = line->size();
+        } else {
+            ok = write_line(std::get<Json>(entry), message_piece, [this](std::string_view piece) {
+                return send_all(piece);
+            });
         }
 
         lock.lock();
-        queued_bytes_ -= line.size();
+        queued_bytes_ -= counted;
         if (!ok) {
             broken_ = true;
             queued_bytes_ = 0;

@@ -1,7 +1,11 @@
 #include "guest/agent/protocol.hpp"
 
+#include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
+#include <limits>
 
 #include "vmm/base64.hpp"
 #include "guest/agent/utf8.hpp"
@@ -51,10 +55,7 @@ bool optional_bool(const Json& object, const std::string& name)
     return it->get<bool>();
 }
 
-// A year: longer than any episode, and far inside what a timer or a steady_clock deadline
-// in nanoseconds can hold (1e300 seconds would overflow both).
-constexpr long max_timeout_s_whole = 365L * 24 * 3600;
-constexpr double max_timeout_s = max_timeout_s_whole;
+constexpr double max_timeout_s = max_call_timeout_s;
 
 std::optional<double> optional_timeout(const Json& object)
 {
@@ -63,7 +64,7 @@ std::optional<double> optional_timeout(const Json& object)
         return std::nullopt;
     if (!timeout->is_number() || !std::isfinite(timeout->get<double>()) || timeout->get<double>() <= 0 ||
         timeout->get<double>() > max_timeout_s)
-        bad_field("timeout", "must be a positive number of seconds, at most " + std::to_string(max_timeout_s_whole));
+        bad_field("timeout", "must be a positive number of seconds, at most " + std::to_string(max_call_timeout_s));
     return timeout->get<double>();
 }
 
@@ -204,10 +205,10 @@ Request parse_request(std::string_view line)
     return request;
 }
 
-void put_bytes(Json& object, const std::string& name, std::string_view bytes)
+void put_bytes(Json& object, const std::string& name, std::string bytes)
 {
     if (is_valid_utf8(bytes))
-        object[name] = std::string(bytes);
+        object[name] = std::move(bytes);
     else
         object[name + "_b64"] = base64_encode(bytes);
 }
@@ -262,11 +263,172 @@ Json error_response(const Json& id, const std::string& code, const std::string& 
     return Json{{"id", id}, {"error", {{"code", code}, {"message", message}}}};
 }
 
+namespace {
+
+// How many bytes each byte takes in a JSON string as nlohmann's dump() writes it (not
+// ensure_ascii): 2 for the short escapes, 6 for other control characters (\u00xx), else 1.
+constexpr std::array<uint8_t, 256> escaped_size = [] {
+    std::array<uint8_t, 256> size{};
+    for (size_t c = 0; c < size.size(); ++c)
+        size[c] = c >= 0x20 ? 1 : 6;
+    for (char c : {'"', '\\', '\b', '\t', '\n', '\f', '\r'})
+        size[static_cast<uint8_t>(c)] = 2;
+    return size;
+}();
+
+char short_escape(uint8_t c)
+{
+    switch (c) {
+    case '\b':
+        return 'b';
+    case '\t':
+        return 't';
+    case '\n':
+        return 'n';
+    case '\f':
+        return 'f';
+    case '\r':
+        return 'r';
+    default:
+        return static_cast<char>(c);  // '"' and '\\' stand for themselves
+    }
+}
+
+// Writes a message as compact JSON into out_, handing out_ to put_ (which may stop the
+// writing) whenever it has grown past piece_ bytes, so that no piece holds much more than
+// piece_ bytes however long the line.
+class LineWriter {
+public:
+    LineWriter(size_t piece, const std::function<bool(std::string_view)>* put) : piece_(piece), put_(put) {}
+
+    bool json(const Json& value)
+    {
+        switch (value.type()) {
+        case Json::value_t::object: {
+            out_ += '{';
+            bool first = true;
+            for (const auto& [key, member] : value.items()) {
+                if (!first)
+                    out_ += ',';
+                first = false;
+                if (!string(key))
+                    return false;
+                out_ += ':';
+                if (!json(member))
+                    return false;
+            }
+            out_ += '}';
+            return true;
+        }
+        case Json::value_t::array: {
+            out_ += '[';
+            bool first = true;
+            for (const Json& element : value) {
+                if (!first)
+                    out_ += ',';
+                first = false;
+                if (!json(element))
+                    return false;
+            }
+            out_ += ']';
+            return true;
+        }
+        case Json::value_t::string:
+            return string(value.get_ref<const std::string&>());
+        default:
+            out_ += value.dump();  // numbers, booleans, null
+            return true;
+        }
+    }
+
+    // Hands over what is left; the caller adds the line's end.
+    std::string& rest() { return out_; }
+
+private:
+    bool string(std::string_view text)
+    {
+        // nlohmann replaces invalid UTF-8 (error_handler_t::replace); only messages can
+        // hold it, since byte fields went through put_bytes, and they are short.
+        if (!is_valid_utf8(text)) {
+            out_ += Json(text).dump(-1, ' ', false, Json::error_handler_t::replace);
+            return true;
+        }
+        out_ += '"';
+        // A slice escapes to at most six times its size.
+        const size_t slice = std::max<size_t>(piece_ / 6, 4096);
+        for (size_t at = 0; at < text.size(); at += slice) {
+            append_escaped(text.substr(at, slice));
+            if (!maybe_put())
+                return false;
+        }
+        out_ += '"';
+        return true;
+    }
+
+    void append_escaped(std::string_view text)
+    {
+        size_t size = 0;
+        for (const char c : text)
+            size += escaped_size[static_cast<uint8_t>(c)];
+        const size_t start = out_.size();
+        out_.resize(start + size);
+        char* p = out_.data() + start;
+        for (const char ch : text) {
+            const auto c = static_cast<uint8_t>(ch);
+            switch (escaped_size[c]) {
+            case 1:
+                *p++ = ch;
+                break;
+            case 2:
+                *p++ = '\\';
+                *p++ = short_escape(c);
+                break;
+            default:
+                constexpr char hex[] = "0123456789abcdef";
+                std::memcpy(p, "\\u00", 4);
+                p[4] = hex[c >> 4];
+                p[5] = hex[c & 0xf];
+                p += 6;
+            }
+        }
+    }
+
+    bool maybe_put()
+    {
+        if (!put_ || out_.size() < piece_)
+            return true;
+        const bool go_on = (*put_)(out_);
+        out_.clear();
+        return go_on;
+    }
+
+    std::string out_;
+    size_t piece_;
+    const std::function<bool(std::string_view)>* put_;
+};
+
+} // namespace
+
+// Both write the same bytes as message.dump(-1, ' ', false, replace), without it: dump()
+// escapes each control character with its own snprintf, and 16 MiB of NULs in a response
+// (96 MiB escaped) then took some 30 s to encode in the emulated test host, a silence long
+// enough for the host's watchdog to give up on the call.
 std::string to_line(const Json& message)
 {
-    std::string line = message.dump(-1, ' ', false, Json::error_handler_t::replace);
+    LineWriter writer(std::numeric_limits<size_t>::max(), nullptr);
+    writer.json(message);
+    std::string line = std::move(writer.rest());
     line += '\n';
     return line;
+}
+
+bool write_line(const Json& message, size_t piece, const std::function<bool(std::string_view)>& put)
+{
+    LineWriter writer(piece, &put);
+    if (!writer.json(message))
+        return false;
+    writer.rest() += '\n';
+    return put(writer.rest());
 }
 
 } // namespace agentvm

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <stdexcept>
@@ -23,6 +24,9 @@ using Json = nlohmann::ordered_json;
 constexpr size_t max_line_bytes = size_t{64} << 20;
 constexpr uint64_t default_max_output = uint64_t{16} << 20;
 constexpr size_t read_chunk_bytes = size_t{1} << 20;
+// The longest "timeout" a call may have: a year. Longer than any episode, and far inside what
+// a timer or a steady_clock deadline in nanoseconds can hold (1e300 seconds would overflow both).
+constexpr long max_call_timeout_s = 365L * 24 * 3600;
 
 // A failed call: becomes {"id":…, "error":{"code":…, "message":…}} and the connection goes on.
 class CallError : public std::runtime_error {
@@ -95,7 +99,8 @@ struct RequestError {
 Request parse_request(std::string_view line);
 
 // The binary-safety rule: `name` when the bytes are valid UTF-8, `name_b64` otherwise.
-void put_bytes(Json& object, const std::string& name, std::string_view bytes);
+// (By value: a caller done with megabytes of output moves them in rather than copy them.)
+void put_bytes(Json& object, const std::string& name, std::string bytes);
 // Reads `name` or `name_b64`; nullopt when neither is present. Throws CallError
 // (bad_field) when both are, or the value is not a string or not valid base64.
 std::optional<std::string> get_bytes(const Json& object, const std::string& name);
@@ -108,5 +113,9 @@ Json error_response(const Json& id, const std::string& code, const std::string& 
 // One protocol line: compact JSON and '\n'. Never throws on odd bytes in strings (they
 // become U+FFFD); byte-carrying fields have already gone through put_bytes.
 std::string to_line(const Json& message);
+// The same line, handed to `put` in pieces of about `piece` bytes as it is written, so it
+// never exists whole (a response with 64 MiB of escaped output would take 384 MiB), and its
+// first bytes can leave at once. Stops when `put` returns false, and returns false then.
+bool write_line(const Json& message, size_t piece, const std::function<bool(std::string_view)>& put);
 
 } // namespace agentvm

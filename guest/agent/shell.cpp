@@ -116,6 +116,8 @@ void Shell::start()
     ExecRequest bash;
     bash.argv = {"bash", "--noprofile", "--norc"};
     ChildPlan plan = plan_child(bash);
+    cgroup_.emplace("shell");
+    plan.cgroup_procs = cgroup_->procs_fd();
     int control[2];
     if (::pipe2(control, O_CLOEXEC) != 0)
         fail("pipe");
@@ -162,6 +164,7 @@ void Shell::stop()
     control_.reset();
     status_.reset();
     status_pending_.clear();
+    cgroup_.reset();
     if (!dir_.empty()) {
         // Only FIFOs of ours live there; each call removes its own.
         ::unlink((dir_ + "/status").c_str());

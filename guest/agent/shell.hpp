@@ -15,8 +15,10 @@
 
 #include <sys/types.h>
 
+#include <optional>
 #include <string>
 
+#include "guest/agent/call_cgroup.hpp"
 #include "guest/agent/outbox.hpp"
 #include "guest/agent/protocol.hpp"
 #include "vmm/fd.hpp"
@@ -47,6 +49,7 @@ private:
     std::string status_pending_;
     std::string dir_; // the FIFOs' directory
     uint64_t calls_ = 0;
+    std::optional<CallCgroup> cgroup_;  // bash's and its commands', for as long as bash runs
 };
 
 } // namespace agentvm

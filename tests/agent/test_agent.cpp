@@ -94,14 +94,22 @@ bool gone(const std::string& marker)
 
 class Agent {
 public:
-    Agent() : dir_(make_temp_dir()), socket_path_(dir_ + "/agent.sock")
+    // oom_score_adj: the agent starts with it, as init starts the guest's agent with -1000
+    // (tests use a positive value: raising it needs no privilege).
+    explicit Agent(int oom_score_adj = 0) : dir_(make_temp_dir()), socket_path_(dir_ + "/agent.sock")
     {
+        const std::string adj = std::to_string(oom_score_adj);
         pid_ = ::fork();
         REQUIRE(pid_ >= 0);
         if (pid_ == 0) {
             const std::string listen = "unix:" + socket_path_;
             // The agent's shell FIFOs then go in dir_, removed with it.
             ::setenv("TMPDIR", dir_.c_str(), 1);
+            if (oom_score_adj != 0) {
+                const int fd = ::open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
+                if (fd < 0 || ::write(fd, adj.data(), adj.size()) != static_cast<ssize_t>(adj.size()))
+                    ::_exit(126);
+            }
             ::execl(AGENTVM_AGENT_BIN, AGENTVM_AGENT_BIN, "--listen", listen.c_str(), nullptr);
             ::_exit(127);
         }
@@ -246,6 +254,23 @@ TEST_CASE("echo and exit codes")
     CHECK(missing["error"]["code"] == "not_found");
     Json not_exec = client.exec({{"argv", {"/etc/hostname"}}});
     CHECK(not_exec["error"]["code"] == "spawn_failed");
+}
+
+TEST_CASE("commands do not inherit the agent's oom_score_adj (its protection from the OOM killer)")
+{
+    Agent agent(500);
+    Client client(agent);
+    Json r = client.exec({{"argv", {"sh", "-c", "cat /proc/$PPID/oom_score_adj /proc/self/oom_score_adj"}}});
+    // The sh is the call's own process; its parent is the agent.
+    CHECK(bytes_of(r, "stdout") == "500\n0\n");
+    r = client.call({{"id", "s"}, {"op", "shell"}, {"cmd", "cat /proc/self/oom_score_adj"}});
+    CHECK(bytes_of(r, "stdout") == "0\n");
+
+    // An unprotected agent leaves its commands as they are.
+    Agent plain;
+    Client other(plain);
+    r = other.exec({{"argv", {"cat", "/proc/self/oom_score_adj"}}});
+    CHECK(bytes_of(r, "stdout") == "0\n");
 }
 
 TEST_CASE("stderr apart from stdout, binary output as base64")

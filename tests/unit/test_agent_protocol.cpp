@@ -1,5 +1,7 @@
 #include <doctest/doctest.h>
 
+#include <algorithm>
+
 #include <string>
 #include <vector>
 
@@ -282,6 +284,49 @@ TEST_CASE("to_line is one line even for text with newlines and invalid UTF-8 in 
     CHECK(line.back() == '\n');
     CHECK(line.find('\n') == line.size() - 1);
     CHECK(Json::parse(line)["error"]["message"] == "two\nlines \xef\xbf\xbd");
+}
+
+TEST_CASE("to_line writes exactly what nlohmann's dump writes")
+{
+    std::string every_ascii;
+    for (int c = 0; c < 0x80; ++c)
+        every_ascii.push_back(static_cast<char>(c));
+    const Json cases[] = {
+        Json::object(),
+        Json::array(),
+        Json{{"id", 7}, {"stdout", every_ascii}, {"stderr", std::string(1000, '\0')}},
+        Json{{"id", "x \"y\" \\ z"}, {"exit_code", nullptr}, {"timed_out", true}, {"ok", false}},
+        Json{{"numbers", {0, -1, 18446744073709551615ull, -9223372036854775807ll, 1.5, 1e300, -0.25, 3.0}}},
+        Json{{"nested", {{"a", Json::array({1, "two", Json::object(), Json::array()})}, {"b", {{"c", nullptr}}}}}},
+        Json{{"utf8 \xc3\xa9 key \x7f", "\xe2\x82\xac \xf0\x9f\x98\x80 \xed\x9f\xbf \x7f"}},
+        Json{{"invalid", "a\xff\xfe b \xc0\xaf \xed\xa0\x80 \x01"}},
+        Json("a bare string\n"),
+        Json(42),
+    };
+    for (const Json& message : cases)
+        CHECK(to_line(message) == message.dump(-1, ' ', false, Json::error_handler_t::replace) + "\n");
+}
+
+TEST_CASE("write_line hands over the same line in bounded pieces, and stops when told")
+{
+    const Json big{{"id", 3}, {"stdout", std::string(1 << 20, '\0')}, {"stderr", "a \"b\"\n"}, {"n", 5}};
+    constexpr size_t piece = 64 << 10;
+    std::string whole;
+    size_t pieces = 0;
+    size_t largest = 0;
+    CHECK(write_line(big, piece, [&](std::string_view p) {
+        whole += p;
+        ++pieces;
+        largest = std::max(largest, p.size());
+        return true;
+    }));
+    CHECK(whole == to_line(big));
+    CHECK(pieces >= (6u << 20) / (2 * piece));  // 6 MiB escaped
+    CHECK(largest < 2 * piece);
+
+    size_t calls = 0;
+    CHECK_FALSE(write_line(big, piece, [&](std::string_view) { return ++calls < 3; }));
+    CHECK(calls == 3);
 }
 
 TEST_CASE("line framing splits on newlines however the bytes arrive")

@@ -83,7 +83,8 @@ struct Harness {
     std::optional<EpisodeRelay> relay;
     std::thread thread;
 
-    explicit Harness(std::chrono::milliseconds grace = EpisodeRelay::watchdog_grace)
+    explicit Harness(std::chrono::milliseconds grace = EpisodeRelay::watchdog_grace,
+                     std::optional<double> call_timeout_s = std::nullopt)
     {
         int fds[2];
         REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) == 0);
@@ -94,7 +95,7 @@ struct Harness {
                           why = text;
                           loop.stop();
                       },
-                      grace);
+                      grace, call_timeout_s);
         relay->start(Fd(fds[0]));
         thread = std::thread([this] { loop.run(); });
     }
@@ -107,6 +108,22 @@ struct Harness {
 
     void wait_end()
     {
+        thread.join();
+        thread = std::thread([] {});
+    }
+
+    // After wait_end: runs the loop again for a while and waits for it.
+    void turn(std::chrono::milliseconds how_long)
+    {
+        thread.join();
+        thread = std::thread([this, how_long] {
+            std::thread stopper([this, how_long] {
+                std::this_thread::sleep_for(how_long);
+                loop.stop();
+            });
+            loop.run();
+            stopper.join();
+        });
         thread.join();
         thread = std::thread([] {});
     }
@@ -143,6 +160,24 @@ TEST_CASE("response summary: id as compact JSON, events told apart, nested ids i
     CHECK_FALSE(summarize_response("[1]"));
     CHECK_FALSE(summarize_response("{\"id\":1"));
     CHECK_FALSE(summarize_response("not json"));
+}
+
+TEST_CASE("leading id: the id of a line still arriving, once it has arrived whole")
+{
+    CHECK(leading_id(R"({"id":7,"exit_code":0,"stdout":"xx)") == "7");
+    CHECK(leading_id(R"({"id":"a \"quoted\" id","ev)") == R"("a \"quoted\" id")");
+    CHECK(leading_id(R"({"id":1.5e3,)") == summarize_response(R"({"id":1.5e3})")->id);
+    // Not yet whole: a number may go on, a string has no closing quote.
+    CHECK_FALSE(leading_id(R"({"id":7)"));
+    CHECK_FALSE(leading_id(R"({"id":"abc)"));
+    CHECK_FALSE(leading_id(R"({"id":"abc\")"));
+    CHECK_FALSE(leading_id(R"({"id")"));
+    // Not the agent's shape.
+    CHECK_FALSE(leading_id(R"({"event":"stdout","id":7,)"));
+    CHECK_FALSE(leading_id(R"({"id":{"a":1},)"));
+    CHECK_FALSE(leading_id(R"({"id":-,)"));
+    CHECK_FALSE(leading_id(R"({"id":true,)"));
+    CHECK_FALSE(leading_id(""));
 }
 
 TEST_CASE("requests go to the agent byte for byte, and its lines come back byte for byte")
@@ -267,4 +302,84 @@ TEST_CASE("a line from the agent that is not a JSON object ends the episode")
     h.wait_end();
     REQUIRE(h.end);
     CHECK(*h.end == EpisodeRelay::End::agent_protocol);
+}
+
+TEST_CASE("a call whose answer is still arriving never trips the watchdog; a silent one still does")
+{
+    Harness h(200ms);
+    h.request(R"({"id":1,"op":"exec","argv":["cat","/dev/zero"],"timeout":0.05})");
+    CHECK_FALSE(h.agent_reads().empty());
+    // The answer comes slowly, well past timeout + grace, but a piece every 100 ms; events
+    // of the call count as much as a long line in pieces.
+    h.agent_says(R"({"id":1,"event":"stdout","data":"x"})");
+    std::this_thread::sleep_for(150ms);
+    write_all(h.agent.get(), R"({"id":1,"exit_code":null,"stdout":")");
+    for (int i = 0; i < 10; ++i) {
+        std::this_thread::sleep_for(100ms);
+        write_all(h.agent.get(), std::string(1000, 'y'));
+    }
+    write_all(h.agent.get(), "\"}\n");
+    CHECK(h.response() == R"({"id":1,"event":"stdout","data":"x"})");
+    CHECK(h.response().size() > 10000);
+    CHECK_FALSE(h.end);
+
+    // Another call's answer arriving does not vouch for a call that stays silent.
+    h.request(R"({"id":2,"op":"exec","argv":["sleep","9"],"timeout":0.05})");
+    h.request(R"({"id":3,"op":"exec","argv":["cat","/dev/zero"]})");
+    CHECK_FALSE(h.agent_reads().empty());
+    CHECK_FALSE(h.agent_reads().empty());
+    write_all(h.agent.get(), R"({"id":3,"exit_code":null,"stdout":")");
+    const auto start = std::chrono::steady_clock::now();
+    while (!h.end && std::chrono::steady_clock::now() - start < 5s) {
+        std::this_thread::sleep_for(50ms);
+        write_all(h.agent.get(), std::string(100, 'y'));
+    }
+    h.wait_end();
+    REQUIRE(h.end);
+    CHECK(*h.end == EpisodeRelay::End::watchdog);
+    CHECK(h.why.find("call 2") != std::string::npos);
+}
+
+TEST_CASE("exec and shell calls without a timeout get the episode's default; the watchdog counts from it")
+{
+    Harness h(50ms, 600);
+    h.request(R"({"id":1,"op":"exec","argv":["true"]})");
+    CHECK(h.agent_reads() == R"({"id":1,"op":"exec","argv":["true"],"timeout":600})");
+    h.request(R"({"id":2, "op":"shell", "cmd":"true"}  )");
+    CHECK(h.agent_reads() == R"({"id":2, "op":"shell", "cmd":"true","timeout":600}  )");
+    // null is no timeout to the agent: the default, last, overrides it.
+    h.request(R"({"id":3,"op":"exec","argv":["true"],"timeout":null})");
+    const std::string with_null = h.agent_reads();
+    CHECK(with_null == R"({"id":3,"op":"exec","argv":["true"],"timeout":null,"timeout":600})");
+    CHECK(std::get<ExecRequest>(parse_request(with_null).op).timeout_s == 600);
+    // A call's own timeout, and other ops, go unchanged.
+    h.request(R"({"id":4,"op":"exec","argv":["true"],"timeout":5})");
+    CHECK(h.agent_reads() == R"({"id":4,"op":"exec","argv":["true"],"timeout":5})");
+    h.request(R"({"id":5,"op":"read_file","path":"/x"})");
+    CHECK(h.agent_reads() == R"({"id":5,"op":"read_file","path":"/x"})");
+}
+
+TEST_CASE("a call without a timeout that the agent never answers trips the watchdog at the default")
+{
+    Harness h(50ms, 0.05);
+    h.request(R"({"id":"spin","op":"exec","argv":["python3","-c","while True: pass"]})");
+    CHECK_FALSE(h.agent_reads().empty());
+    h.wait_end();
+    REQUIRE(h.end);
+    CHECK(*h.end == EpisodeRelay::End::watchdog);
+}
+
+TEST_CASE("once the VM is stopping, the agent's connection ending is not reported as the cause")
+{
+    Harness h;
+    h.request(R"({"id":1,"op":"exec","argv":["sleep","9"]})");
+    CHECK_FALSE(h.agent_reads().empty());
+    // The VM failed on its own (its loop stops), then its streams are shut down.
+    h.loop.stop();
+    h.wait_end();
+    h.relay->stop_output();
+    h.agent.reset();
+    h.turn(100ms);
+    CHECK_FALSE(h.end);
+    CHECK(h.relay->fail_pending("vm_died", "the VM failed") == 1);
 }

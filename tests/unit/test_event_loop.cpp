@@ -269,6 +269,48 @@ TEST_CASE("event loop: drain() waits for I/O that completes later")
     CHECK(loop.in_flight() == 0);
 }
 
+TEST_CASE("event loop: drain() cancels I/O still waiting after its patience, and never hangs")
+{
+    EventLoop loop;
+    int fds[2];
+    REQUIRE(::pipe2(fds, O_CLOEXEC) == 0);
+    Fd rd(fds[0]), wr(fds[1]);
+    REQUIRE(::fcntl(rd.get(), F_SETFL, O_NONBLOCK) == 0);
+
+    // Nobody ever writes: one read waits in the kernel, one (O_NONBLOCK) in a readiness poll.
+    std::string a(3, '\0'), b(3, '\0');
+    iovec ia[] = {iov_of(a)}, ib[] = {iov_of(b)};
+    std::vector<int32_t> results;
+    Fd other_rd, other_wr;
+    {
+        int more[2];
+        REQUIRE(::pipe2(more, O_CLOEXEC) == 0);
+        other_rd = Fd(more[0]);
+        other_wr = Fd(more[1]);
+    }
+    loop.readv(other_rd.get(), ia, 1, static_cast<uint64_t>(-1), [&](int32_t res) { results.push_back(res); });
+    loop.readv(rd.get(), ib, 1, static_cast<uint64_t>(-1), [&](int32_t res) { results.push_back(res); });
+    CHECK(loop.in_flight() == 2);
+
+    const auto start = std::chrono::steady_clock::now();
+    CHECK(loop.drain(100ms));
+    const auto took = std::chrono::steady_clock::now() - start;
+    CHECK(took >= 100ms);
+    CHECK(took < 2s);
+    CHECK(loop.in_flight() == 0);
+    CHECK(results == std::vector<int32_t>{-ECANCELED, -ECANCELED});
+
+    // The loop goes on working after a cancelling drain.
+    std::string c(2, '\0');
+    iovec ic[] = {iov_of(c)};
+    int32_t got = -1;
+    REQUIRE(::write(wr.get(), "ok", 2) == 2);
+    loop.readv(rd.get(), ic, 1, static_cast<uint64_t>(-1), [&](int32_t res) { got = res; });
+    CHECK(loop.drain(100ms));
+    CHECK(got == 2);
+    CHECK(c == "ok");
+}
+
 TEST_CASE("event loop: many more operations than ring entries all complete")
 {
     constexpr unsigned ops = 1000;

@@ -86,3 +86,20 @@ TEST_CASE("agentvm.serve is a bare flag: present means serve the agent only")
     CHECK_FALSE(find_cmdline_param("quiet agentvm.serves", agentvm::serve_param));
     CHECK_FALSE(find_cmdline_param("quiet -- agentvm.serve", agentvm::serve_param));
 }
+
+TEST_CASE("agentvm.pids_max takes 1 to 4194304, decimal digits only")
+{
+    using agentvm::parse_pids_max;
+    CHECK(parse_pids_max("1") == 1u);
+    CHECK(parse_pids_max("1024") == 1024u);
+    CHECK(parse_pids_max("4194304") == 4194304u);
+    CHECK_FALSE(parse_pids_max("0"));
+    CHECK_FALSE(parse_pids_max("4194305"));
+    CHECK_FALSE(parse_pids_max("99999999999"));
+    CHECK_FALSE(parse_pids_max(""));
+    CHECK_FALSE(parse_pids_max("max"));
+    CHECK_FALSE(parse_pids_max("-1"));
+    CHECK_FALSE(parse_pids_max("12 "));
+    CHECK_FALSE(parse_pids_max("0x10"));
+    CHECK(find_cmdline_param("console=ttyS0 agentvm.pids_max=64 quiet", agentvm::pids_max_param) == "64");
+}

@@ -80,6 +80,15 @@ class Episode:
         """Sends a request and returns its final message."""
         return self.result(self.send(request), timeout)[1]
 
+    def vmm_pid(self):
+        """The jailed VMM: the one child of the agentvm process (its supervisor)."""
+        pid = self.proc.pid
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            children = f.read().split()
+        if len(children) != 1:
+            raise EpisodeError(f"the supervisor {pid} has children {children}, not one VMM")
+        return int(children[0])
+
     def close_stdin(self):
         self.proc.stdin.close()
 
