@@ -10,6 +10,7 @@
 #include <array>
 #include <cerrno>
 #include <charconv>
+#include <chrono>
 #include <cstring>
 #include <mutex>
 
@@ -28,6 +29,8 @@ constexpr size_t read_chunk = vsock_max_payload;
 // Descriptors kept out of the guest's reach (see stream_cap), half the limit when the limit
 // itself is lower: besides its streams an episode's VMM holds about 25 (one more per vCPU).
 constexpr uint64_t fd_reserve = 256;
+// How long host clients wait in the listener's backlog when no descriptor is to be had.
+constexpr std::chrono::milliseconds accept_retry_delay{100};
 
 sockaddr_un unix_address(const std::string& path)
 {
@@ -97,7 +100,14 @@ VsockHost::VsockHost(EventLoop& loop, std::optional<std::string> path)
         throw_errno(fmt::format("cannot listen for vsock connections at '{}'", *path_));
     if (::listen(listener_.get(), 64) != 0)
         throw_errno(fmt::format("listen on '{}'", *path_));
-    loop_.watch_readable(listener_.get(), [this] { accept_clients(); });
+    accept_retry_.emplace(loop_, [this] { watch_listener(); });
+    watch_listener();
+}
+
+void VsockHost::watch_listener()
+{
+    if (!closing_)
+        loop_.watch_readable(listener_.get(), [this] { accept_clients(); });
 }
 
 VsockHost::~VsockHost()
@@ -110,8 +120,10 @@ VsockHost::~VsockHost()
 
 void VsockHost::close_all()
 {
-    if (listener_)
+    if (listener_) {
         loop_.unwatch(listener_.get());
+        accept_retry_->cancel();
+    }
     std::unique_lock<std::recursive_mutex> lock;
     if (device_)
         lock = std::unique_lock(device_->mutex());
@@ -162,14 +174,34 @@ VsockHost::StreamPtr VsockHost::new_stream(Fd fd)
 void VsockHost::accept_clients()
 {
     for (;;) {
+        if (sockets_.size() >= stream_cap_ && open_streams() >= stream_cap_) {
+            pause_accepting(fmt::format("{} streams open, the most the descriptor limit allows", stream_cap_));
+            return;
+        }
         Fd fd(::accept4(listener_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
         if (!fd) {
-            if (errno != EAGAIN && errno != EINTR)
+            if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM)
+                pause_accepting(std::strerror(errno));
+            else if (errno == ECONNABORTED)
+                continue;
+            else if (errno != EAGAIN && errno != EINTR)
                 spdlog::warn("vsock: accept on '{}' failed: {}", *path_, std::strerror(errno));
             return;
         }
+        accept_paused_ = false;
         read_connect_line(new_stream(std::move(fd)));
     }
+}
+
+void VsockHost::pause_accepting(const std::string& why)
+{
+    // The listener stays readable while clients wait in its backlog: watching it now would
+    // spin the loop until a descriptor frees up. The clients wait there instead.
+    loop_.unwatch(listener_.get());
+    if (!accept_paused_)
+        spdlog::warn("vsock: not accepting host clients at '{}' for now: {}", *path_, why);
+    accept_paused_ = true;
+    accept_retry_->arm(accept_retry_delay);
 }
 
 void VsockHost::read_connect_line(const StreamPtr& s)

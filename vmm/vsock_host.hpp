@@ -8,7 +8,9 @@
 //
 // Every stream costs the VMM one descriptor, and the guest opens connections at will: a
 // connection the VMM cannot serve (over stream_cap(), or no socket to be had) is refused
-// with RST and a rate-limited warning, never an error that would stop the VM.
+// with RST and a rate-limited warning, never an error that would stop the VM. Host clients
+// past the cap, or with no descriptor to be had, wait in the listener's backlog until
+// streams close.
 //
 // Threads: everything runs on the event loop's thread. The device's mutex is the only lock:
 // loop callbacks take it before touching connections, and the device calls back with it
@@ -26,6 +28,7 @@
 #include "devices/virtio_vsock.hpp"
 #include "vmm/event_loop.hpp"
 #include "vmm/fd.hpp"
+#include "vmm/loop_timer.hpp"
 
 namespace agentvm {
 
@@ -76,7 +79,10 @@ private:
     // A stream for fd, counted by open_streams() and reached by close_all() for as long as
     // it lives.
     StreamPtr new_stream(Fd fd);
+    void watch_listener();
     void accept_clients();
+    // Stops accepting for a moment: no descriptor for another client (why says so).
+    void pause_accepting(const std::string& why);
     void read_connect_line(const StreamPtr& s);
     void start_connect(const StreamPtr& s, uint32_t port);  // device mutex held
     // Reads at most budget_now bytes (what the device can queue for the guest right now).
@@ -87,6 +93,8 @@ private:
     EventLoop& loop_;
     std::optional<std::string> path_;
     Fd listener_;
+    std::optional<LoopTimer> accept_retry_;  // watches the listener again after a pause
+    bool accept_paused_ = false;             // warned about the pause already
     VirtioVsock* device_ = nullptr;
     uint32_t next_host_port_ = 1u << 30;  // ports we hand out to host-initiated connections
     std::map<VsockConnId, StreamPtr> streams_;

@@ -117,6 +117,15 @@ struct Rig {
     }
 };
 
+// CPU time this process has used.
+std::chrono::microseconds cpu_time()
+{
+    rusage usage{};
+    REQUIRE(::getrusage(RUSAGE_SELF, &usage) == 0);
+    const auto us = [](const timeval& t) { return std::chrono::seconds(t.tv_sec) + std::chrono::microseconds(t.tv_usec); };
+    return std::chrono::duration_cast<std::chrono::microseconds>(us(usage.ru_utime) + us(usage.ru_stime));
+}
+
 } // namespace
 
 TEST_CASE("vsock host: the cap on open streams follows the soft descriptor limit, with a reserve")
@@ -187,6 +196,35 @@ TEST_CASE("vsock host: a guest connection with no descriptor left (EMFILE) is re
     hog.clear();
     CHECK(rig.guest_connects(4));
     CHECK(rig.host->open_streams() == 2);
+}
+
+TEST_CASE("vsock host: host clients with no descriptor to spare wait in the backlog, without spinning the loop")
+{
+    Rig rig;
+    turn(rig.loop);
+    FdLimit limit(256);
+    std::vector<Fd> clients;
+    for (int i = 0; i < 3; ++i)
+        clients.push_back(unix_client(rig.dir + "/v.sock"));
+    std::vector<Fd> hog;
+    for (;;) {
+        Fd fd(::open("/dev/null", O_RDONLY | O_CLOEXEC));
+        if (!fd) {
+            REQUIRE(errno == EMFILE);
+            break;
+        }
+        hog.push_back(std::move(fd));
+    }
+    // accept() fails with EMFILE while the listener stays readable: the loop must not retry
+    // at once. Half a second of retrying would cost about that much CPU; waiting costs none.
+    const auto before = cpu_time();
+    turn(rig.loop, 500ms);
+    CHECK(cpu_time() - before < 100ms);
+    CHECK(rig.host->open_streams() == 0);
+
+    hog.clear();
+    turn(rig.loop, 300ms);
+    CHECK(rig.host->open_streams() == 3);
 }
 
 TEST_CASE("vsock host: a host port whose socket path would be too long is refused, not an error")
