@@ -1,15 +1,19 @@
 #include "vmm/cgroup.hpp"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <string_view>
 #include <thread>
 #include <utility>
 
@@ -29,6 +33,10 @@ constexpr uint64_t cpu_period_us = 100000;
 // A VMM's group is empty once the process has been reaped, but the kernel may still be
 // finishing its io_uring workers; rmdir says EBUSY until it has.
 constexpr auto removal_patience = std::chrono::seconds(2);
+// A group left by a supervisor that was itself SIGKILLed is removed by the next VM's
+// supervisor once it is this old (and empty, and its supervisor's pid gone): younger groups
+// may belong to a supervisor in another PID namespace that has not moved its VMM in yet.
+constexpr auto stale_age = std::chrono::minutes(1);
 
 void write_file(const std::string& path, const std::string& text)
 {
@@ -101,6 +109,36 @@ uint64_t oom_kills(const std::string& path)
     return 0;
 }
 
+// Whether a process with this pid exists in our PID namespace.
+bool process_exists(pid_t pid)
+{
+    return ::kill(pid, 0) == 0 || errno == EPERM;
+}
+
+// Removes the groups in `parent` named <prefix><pid> whose supervisor is gone: empty (rmdir
+// refuses any other), older than stale_age, and no process with that pid.
+void remove_stale_groups(const std::string& parent, std::string_view prefix)
+{
+    std::error_code error;
+    const auto now = std::chrono::system_clock::now();
+    for (const auto& entry : std::filesystem::directory_iterator(parent, error)) {
+        const std::string name = entry.path().filename();
+        if (!name.starts_with(prefix))
+            continue;
+        pid_t pid = 0;
+        const char* digits = name.data() + prefix.size();
+        const auto [end, ec] = std::from_chars(digits, name.data() + name.size(), pid);
+        if (ec != std::errc{} || end != name.data() + name.size() || pid <= 0 || process_exists(pid))
+            continue;
+        struct stat st {};
+        if (::stat(entry.path().c_str(), &st) != 0 ||
+            now - std::chrono::system_clock::from_time_t(st.st_mtime) < stale_age)
+            continue;
+        if (::rmdir(entry.path().c_str()) == 0)
+            spdlog::info("cgroup: removed '{}', left by a supervisor that is gone", entry.path().string());
+    }
+}
+
 } // namespace
 
 VmCgroup VmCgroup::create()
@@ -111,6 +149,7 @@ VmCgroup VmCgroup::create()
         enable_v2_controllers(cgroup_root);
         make_dir(parent, true);
         enable_v2_controllers(parent);
+        remove_stale_groups(parent, "vm-");
         const std::string dir = fmt::format("{}/vm-{}", parent, name);
         make_dir(dir, false);
         return VmCgroup(true, {dir});
@@ -124,6 +163,7 @@ VmCgroup VmCgroup::create()
         std::string own = own_v1_path(controller);
         if (own == "/")
             own.clear();
+        remove_stale_groups(fmt::format("{}/{}{}", cgroup_root, controller, own), "agentvm-");
         const std::string dir = fmt::format("{}/{}{}/agentvm-{}", cgroup_root, controller, own, name);
         make_dir(dir, false);
         made.dirs_.push_back(dir);

@@ -10,7 +10,8 @@
 // cgroup v2 where the host runs it unified (/sys/fs/cgroup/cgroup.controllers exists), v1
 // otherwise (one hierarchy per controller under /sys/fs/cgroup/<controller>). The group is
 // made by the supervisor before the VMM process exists and removed by it after the VMM has
-// ended, so a VMM that is killed (by its memory limit, by SIGKILL) leaves nothing behind:
+// ended, so a VMM that is killed (by its memory limit, by SIGKILL) leaves nothing behind; a
+// supervisor killed with SIGKILL does, and the next supervisor to create a group removes it:
 //   v1: <controller mount>/<agentvm's own cgroup>/agentvm-<supervisor pid>, per controller;
 //   v2: /sys/fs/cgroup/agentvm/vm-<supervisor pid>. Under v2 a group with processes cannot
 //       hand controllers to children, and agentvm's own group usually has processes, so the
@@ -35,8 +36,9 @@ struct CgroupLimits {
 
 class VmCgroup {
 public:
-    // Creates the (empty) group for the VMM the calling process supervises. Throws Error
-    // naming the problem (no cgroup filesystem, a controller missing, no permission).
+    // Creates the (empty) group for the VMM the calling process supervises, after removing
+    // those that supervisors killed before they could left beside it. Throws Error naming the
+    // problem (no cgroup filesystem, a controller missing, no permission).
     static VmCgroup create();
     VmCgroup(VmCgroup&& other) noexcept;
     VmCgroup(const VmCgroup&) = delete;

@@ -231,3 +231,47 @@ TEST_CASE("the VMM's cgroup holds it, enforces its memory limit, and is removed 
     });
     CHECK(status == 0);
 }
+
+TEST_CASE("a group left by a supervisor that was killed is removed by the next one, once it is old")
+{
+    // Pids of processes that have ended.
+    const auto dead_pid = [] {
+        const pid_t pid = ::fork();
+        REQUIRE(pid >= 0);
+        if (pid == 0)
+            ::_exit(0);
+        REQUIRE(::waitpid(pid, nullptr, 0) == pid);
+        return pid;
+    };
+    const pid_t old_dead = dead_pid();
+    const pid_t young_dead = dead_pid();
+    // Beside each of this process's groups: the name pattern is the group's with another pid.
+    std::vector<fs::path> parents;
+    std::string prefix;
+    {
+        const VmCgroup probe = VmCgroup::create();
+        for (const auto& dir : probe.dirs()) {
+            const std::string name = fs::path(dir).filename();
+            prefix = name.substr(0, name.size() - std::to_string(::getpid()).size());
+            parents.push_back(fs::path(dir).parent_path());
+        }
+    }
+    const auto group = [&](const fs::path& parent, pid_t pid) { return parent / (prefix + std::to_string(pid)); };
+    const timespec two_minutes_ago[2] = {{::time(nullptr) - 120, 0}, {::time(nullptr) - 120, 0}};
+    for (const auto& parent : parents) {
+        for (const pid_t pid : {old_dead, young_dead, ::getppid()})
+            REQUIRE(fs::create_directory(group(parent, pid)));
+        REQUIRE(::utimensat(AT_FDCWD, group(parent, old_dead).c_str(), two_minutes_ago, 0) == 0);
+        REQUIRE(::utimensat(AT_FDCWD, group(parent, ::getppid()).c_str(), two_minutes_ago, 0) == 0);
+    }
+    {
+        const VmCgroup next = VmCgroup::create();
+    }
+    for (const auto& parent : parents) {
+        CHECK_FALSE(fs::exists(group(parent, old_dead)));
+        CHECK(fs::exists(group(parent, young_dead)));   // may be a supervisor in another PID namespace
+        CHECK(fs::exists(group(parent, ::getppid())));  // its supervisor lives
+        for (const pid_t pid : {old_dead, young_dead, ::getppid()})
+            ::rmdir(group(parent, pid).c_str());
+    }
+}
