@@ -52,12 +52,23 @@ CallCgroup::CallCgroup(const char* kind)
     if (::mkdirat(parent.get(), name.c_str(), 0755) != 0)
         throw CallError("spawn_failed", "creating the call's cgroup " + name + ": " + std::strerror(errno));
     procs_ = Fd(::openat(parent.get(), (name + "/cgroup.procs").c_str(), O_WRONLY | O_CLOEXEC));
-    if (!procs_) {
+    kill_ = Fd(::openat(parent.get(), (name + "/cgroup.kill").c_str(), O_WRONLY | O_CLOEXEC));
+    if (!procs_ || !kill_) {
         const int err = errno;
+        procs_.reset();
+        kill_.reset();
         ::unlinkat(parent.get(), name.c_str(), AT_REMOVEDIR);
         throw CallError("spawn_failed", "opening the call's cgroup " + name + ": " + std::strerror(err));
     }
     name_ = name;
+}
+
+void CallCgroup::kill_all() const
+{
+    // The kernel signals every process in the group at once, so none can fork its way out.
+    if (kill_)
+        while (::write(kill_.get(), "1", 1) < 0 && errno == EINTR) {
+        }
 }
 
 CallCgroup::~CallCgroup()
@@ -65,6 +76,7 @@ CallCgroup::~CallCgroup()
     if (name_.empty())
         return;
     procs_.reset();
+    kill_.reset();
     if (!remove_cgroup(name_)) {
         std::lock_guard lock(lingering_mutex);
         lingering.push_back(name_);

@@ -1,7 +1,7 @@
 // A cgroup of its own for each exec call and each shell session, made under the parent that
 // init gives the agent (--call-cgroup; guest/calls_cgroup.hpp explains what the parent
 // bounds and shares). The child process joins it before it execs (child_setup.hpp), so all
-// it starts is in there too. A call's cgroup is removed once its last process has gone: at
+// it starts is in there too, and a timeout or a cancel kills all of it. A call's cgroup is removed once its last process has gone: at
 // the end of the call, or, when background processes outlive the call, at a later call.
 // Without a parent (the agent on a host, for tests) calls stay in the agent's own cgroup.
 #pragma once
@@ -29,10 +29,14 @@ public:
     // Its cgroup.procs, open for writing: a process that writes "0" there moves into it.
     // -1 without a parent.
     int procs_fd() const { return procs_.get(); }
+    // SIGKILLs every process in it, those that left the call's process group (setsid)
+    // included. Nothing without a parent.
+    void kill_all() const;
 
 private:
     std::string name_;
     Fd procs_;
+    Fd kill_;  // its cgroup.kill
 };
 
 } // namespace agentvm

@@ -10,6 +10,15 @@
 #include "vmm/error.hpp"
 
 namespace agentvm {
+namespace {
+
+void kill_command(const Running& command)
+{
+    ::kill(-command.pid, SIGKILL);
+    command.cgroup.kill_all();
+}
+
+} // namespace
 
 std::optional<Clock::time_point> deadline_after(Clock::time_point start, std::optional<double> timeout_s)
 {
@@ -42,7 +51,7 @@ Drained drain(const Running& command, std::span<Capture, 2> captures, Watch& wat
                 break;
         } else if (command.deadline && now >= *command.deadline && !result.timed_out) {
             result.timed_out = true;
-            ::kill(-command.pid, SIGKILL);
+            kill_command(command);
         }
 
         pollfd fds[slots] = {
@@ -76,7 +85,7 @@ Drained drain(const Running& command, std::span<Capture, 2> captures, Watch& wat
         if (fds[cancel_slot].revents != 0) {
             result.cancelled = true;
             if (!over)
-                ::kill(-command.pid, SIGKILL);
+                kill_command(command);
         }
     }
     return result;

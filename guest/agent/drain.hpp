@@ -1,6 +1,6 @@
 // The wait at the heart of exec and shell calls: while the command runs, collect its stdout
-// and stderr, and kill its process group when the call's timeout passes or the connection
-// cancels the call; once the command is over, go on collecting until its pipes close or
+// and stderr, and kill its process group and cgroup when the call's timeout passes or the
+// connection cancels the call; once the command is over, go on collecting until its pipes close or
 // fall quiet.
 #pragma once
 
@@ -10,6 +10,7 @@
 #include <optional>
 #include <span>
 
+#include "guest/agent/call_cgroup.hpp"
 #include "guest/agent/capture.hpp"
 #include "guest/agent/outbox.hpp"
 #include "guest/agent/protocol.hpp"
@@ -45,6 +46,7 @@ protected:
 
 struct Running {
     pid_t pid;  // leader of the process group that a timeout or a cancel kills
+    const CallCgroup& cgroup;  // killed with it, for what left the process group
     int pidfd;  // readable once the leader exits, which ends the command
     int cancel_fd;
     std::optional<Clock::time_point> deadline;

@@ -148,7 +148,7 @@ Json run_exec(const Json& id, const ExecRequest& request, Outbox& outbox, int ca
         {"stderr", std::move(err.read), request.max_output},
     };
     StdinFeed feed(std::move(in.write), request.stdin_data ? std::string_view(*request.stdin_data) : "");
-    const Drained drained = drain({pid, pidfd.get(), cancel_fd, deadline_after(start, request.timeout_s)}, captures,
+    const Drained drained = drain({pid, cgroup, pidfd.get(), cancel_fd, deadline_after(start, request.timeout_s)}, captures,
                                   feed, id, request.stream, outbox);
 
     // Only the child's exit ends an exec call, so it has been reaped.

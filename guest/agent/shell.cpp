@@ -159,6 +159,9 @@ void Shell::stop()
         while (::waitpid(pid_, nullptr, 0) < 0 && errno == EINTR) {
         }
     }
+    // The session's jobs go with it, also those that left its process group.
+    if (cgroup_)
+        cgroup_->kill_all();
     pid_ = -1;
     pidfd_.reset();
     control_.reset();
@@ -204,7 +207,7 @@ Json Shell::run(const Json& id, const ShellRequest& request, Outbox& outbox, int
     }
 
     StatusLine status_line(status_.get(), status_pending_);
-    const Drained drained = drain({pid_, pidfd_.get(), cancel_fd, deadline_after(start_time, request.timeout_s)},
+    const Drained drained = drain({pid_, *cgroup_, pidfd_.get(), cancel_fd, deadline_after(start_time, request.timeout_s)},
                                   captures, status_line, id, request.stream, outbox);
 
     ::unlink(out_path.c_str());

@@ -99,11 +99,17 @@ def capped_output(ep):
 
 
 def timeout_kills_group(ep):
-    r = exec_ok(ep, ["sh", "-c", "sleep 1000 & sleep 1000"], timeout=1)
+    # setsid: a process that left the call's process group (and session) still dies with the
+    # call's cgroup.
+    r = exec_ok(ep, ["sh", "-c", "sleep 1000 & setsid sleep 1000 & sleep 1000"], timeout=1)
     expect(r.get("timed_out") is True and r.get("signal") == 9, f"timeout: {outcome(r)}")
     r = exec_ok(ep, ["sh", "-c", "pgrep -x sleep || echo none"])
-    expect(field(r, "stdout") == b"none\n", f"sleep survived the timeout: {r.get('stdout')!r}")
-    return "both sleeps killed at the 1 s timeout; episode went on"
+    expect(field(r, "stdout") == b"none\n", f"a sleep survived the timeout: {r.get('stdout')!r}")
+    r = ep.call({"op": "shell", "cmd": "setsid sleep 1000 & sleep 1000", "timeout": 1})
+    expect(r.get("timed_out") is True, f"shell timeout: {outcome(r)}")
+    r = exec_ok(ep, ["sh", "-c", "pgrep -x sleep || echo none"])
+    expect(field(r, "stdout") == b"none\n", f"a shell's sleep survived the timeout: {r.get('stdout')!r}")
+    return "all three sleeps, a setsid one included, killed at the 1 s timeout, in exec and shell; episode went on"
 
 
 def malformed_lines(ep):
