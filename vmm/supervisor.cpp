@@ -117,7 +117,7 @@ int supervise(const Supervision& supervision, const std::function<int()>& vmm)
     }
     bool killed_at_deadline = false;
     for (;;) {
-        timespec wait{1, 0};
+        timespec wait{};
         if (supervision.hard_deadline && !killed_at_deadline) {
             const auto left = *supervision.hard_deadline - (Clock::now() - started);
             if (left <= Clock::duration::zero()) {
