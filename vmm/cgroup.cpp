@@ -197,8 +197,16 @@ std::string VmCgroup::dir_for(const char* controller) const
 
 void VmCgroup::add(pid_t pid) const
 {
-    for (const auto& dir : dirs_)
-        write_file(dir + "/cgroup.procs", fmt::format("{}", pid));
+    const std::string text = fmt::format("{}", pid);
+    for (const auto& dir : dirs_) {
+        const std::string path = dir + "/cgroup.procs";
+        Fd fd(::open(path.c_str(), O_WRONLY | O_CLOEXEC));
+        if (!fd)
+            throw_errno(fmt::format("cgroup: opening '{}'", path));
+        // ESRCH: the process has ended already (a VMM that failed at once); its status tells.
+        if (::write(fd.get(), text.data(), text.size()) != static_cast<ssize_t>(text.size()) && errno != ESRCH)
+            throw_errno(fmt::format("cgroup: moving process {} into '{}'", pid, dir));
+    }
 }
 
 void VmCgroup::wait_joined()

@@ -5,6 +5,7 @@
 #include <sched.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -40,9 +41,10 @@ sigset_t supervisor_signals()
     ::_exit(1);
 }
 
-// The child's first steps. `parent` is the read end of a pipe only the parent holds open: once
-// PR_SET_PDEATHSIG is set, a parent that died before can be seen by its end being closed; the
-// parent writes a byte to it once it has moved the child into its cgroup.
+// The child's first steps. `parent` is its end of a socket pair whose other end only the
+// parent holds open: once PR_SET_PDEATHSIG is set, a parent that died before can be seen by
+// its end being closed; the parent writes a byte to it once it has moved the child into its
+// cgroup.
 void enter_child(const Supervision& supervision, Fd parent)
 {
     if (::prctl(PR_SET_PDEATHSIG, SIGKILL) != 0)
@@ -85,11 +87,13 @@ int supervise(const Supervision& supervision, const std::function<int()>& vmm)
     const sigset_t set = supervisor_signals();
     sigset_t old;
     sigprocmask(SIG_BLOCK, &set, &old);
-    int pipe_fds[2];
-    if (::pipe2(pipe_fds, O_CLOEXEC) != 0)
-        throw_errno("creating the supervisor's pipe");
-    Fd child_end(pipe_fds[0]);
-    Fd parent_end(pipe_fds[1]);
+    // A socket pair, not a pipe: the VMM may be gone before the parent writes to it (a restore
+    // of a tiny guest, a VMM that fails at once), and send() can say so without a SIGPIPE.
+    int pair[2];
+    if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair) != 0)
+        throw_errno("creating the supervisor's socket pair");
+    Fd child_end(pair[0]);
+    Fd parent_end(pair[1]);
     if (::unshare(CLONE_NEWPID) != 0)
         throw_errno("jail: creating the VMM's PID namespace");
     const auto started = Clock::now();
@@ -110,9 +114,10 @@ int supervise(const Supervision& supervision, const std::function<int()>& vmm)
             ::waitpid(child, nullptr, 0);
             throw;
         }
-        // The VMM waits for this before its guest memory is first written.
+        // The VMM waits for this before its guest memory is first written. EPIPE: it has
+        // ended already, and its status says how.
         const char joined = 1;
-        if (::write(parent_end.get(), &joined, 1) != 1)
+        if (::send(parent_end.get(), &joined, 1, MSG_NOSIGNAL) != 1 && errno != EPIPE)
             throw_errno("telling the VMM it is in its cgroup");
     }
     bool killed_at_deadline = false;
