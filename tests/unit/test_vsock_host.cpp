@@ -117,6 +117,20 @@ struct Rig {
     }
 };
 
+// Every descriptor left below the soft limit, held until the vector goes.
+std::vector<Fd> use_up_descriptors()
+{
+    std::vector<Fd> hog;
+    for (;;) {
+        Fd fd(::open("/dev/null", O_RDONLY | O_CLOEXEC));
+        if (!fd) {
+            REQUIRE(errno == EMFILE);
+            return hog;
+        }
+        hog.push_back(std::move(fd));
+    }
+}
+
 // CPU time this process has used.
 std::chrono::microseconds cpu_time()
 {
@@ -180,15 +194,7 @@ TEST_CASE("vsock host: a guest connection with no descriptor left (EMFILE) is re
     FdLimit limit(256);
     REQUIRE(rig.guest_connects(1));
     // Use up every descriptor below the limit, as something beside the streams might.
-    std::vector<Fd> hog;
-    for (;;) {
-        Fd fd(::open("/dev/null", O_RDONLY | O_CLOEXEC));
-        if (!fd) {
-            REQUIRE(errno == EMFILE);
-            break;
-        }
-        hog.push_back(std::move(fd));
-    }
+    std::vector<Fd> hog = use_up_descriptors();
     rig.host->update_stream_cap();
     CHECK(rig.host->open_streams() < rig.host->stream_cap());
     CHECK_FALSE(rig.guest_connects(2));
@@ -206,15 +212,7 @@ TEST_CASE("vsock host: host clients with no descriptor to spare wait in the back
     std::vector<Fd> clients;
     for (int i = 0; i < 3; ++i)
         clients.push_back(unix_client(rig.dir + "/v.sock"));
-    std::vector<Fd> hog;
-    for (;;) {
-        Fd fd(::open("/dev/null", O_RDONLY | O_CLOEXEC));
-        if (!fd) {
-            REQUIRE(errno == EMFILE);
-            break;
-        }
-        hog.push_back(std::move(fd));
-    }
+    std::vector<Fd> hog = use_up_descriptors();
     // accept() fails with EMFILE while the listener stays readable: the loop must not retry
     // at once. Half a second of retrying would cost about that much CPU; waiting costs none.
     const auto before = cpu_time();
