@@ -1,7 +1,9 @@
 #include "cli/vm_options.hpp"
 
 #include <fcntl.h>
+#include <linux/magic.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <sys/sysinfo.h>
 #include <unistd.h>
 
@@ -43,6 +45,13 @@ uint64_t file_size(const std::string& path)
     if (::stat(path.c_str(), &st) != 0)
         throw_errno(fmt::format("stat '{}'", path));
     return static_cast<uint64_t>(st.st_size);
+}
+
+// Whether files in `dir` live in memory (tmpfs, ramfs).
+bool memory_backed(const std::string& dir)
+{
+    struct statfs fs {};
+    return ::statfs(dir.c_str(), &fs) == 0 && (fs.f_type == TMPFS_MAGIC || fs.f_type == RAMFS_MAGIC);
 }
 
 uint64_t host_ram_bytes()
@@ -95,8 +104,8 @@ void VmOptions::add_to(CLI::App& command)
                        "host CPU time the VMM may use, in cores (default: one per vCPU; 0: no quota)")
         ->check(CLI::NonNegativeNumber);
     command.add_option("--vmm-mem", vmm_mem_mib_,
-                       fmt::format("host memory the VMM may use in MiB, guest memory included (default: --mem + {}; "
-                                   "0: no limit)",
+                       fmt::format("host memory the VMM may use in MiB, guest memory included (default: --mem + {}, "
+                                   "plus the disk's size when TMPDIR is tmpfs; 0: no limit)",
                                    vmm_overhead_mib))
         ->check(CLI::NonNegativeNumber);
     if (role_ == VmRole::agent)
@@ -193,7 +202,13 @@ void VmOptions::apply_limits(const VmConfig& config) const
         throw Error(fmt::format("--vmm-mem {} MiB is too little: the guest's {} MiB of memory and the VMM's own "
                                 "{} MiB need at least {} MiB",
                                 vmm_mem_mib_, config.mem_mib, vmm_minimum_overhead_mib, floor_mib));
-    const uint64_t mem_mib = vmm_mem_mib_ < 0 ? config.mem_mib + vmm_overhead_mib : static_cast<uint64_t>(vmm_mem_mib_);
+    uint64_t mem_mib = config.mem_mib + vmm_overhead_mib;
+    // An overlay in tmpfs is memory the cgroup is charged for and cannot write back: a guest
+    // filling its disk would hit the memory limit instead of ENOSPC. It can grow to the disk.
+    if (config.rootfs_path && memory_backed(config.overlay_dir))
+        mem_mib += (file_size(*config.rootfs_path) + layout::mib - 1) / layout::mib;
+    if (vmm_mem_mib_ >= 0)
+        mem_mib = static_cast<uint64_t>(vmm_mem_mib_);
     limits.memory_bytes = mem_mib * layout::mib;
     limits.max_pids = vmm_max_tasks;
     cgroup_->limit(limits);
