@@ -202,13 +202,14 @@ void VmOptions::apply_limits(const VmConfig& config) const
         throw Error(fmt::format("--vmm-mem {} MiB is too little: the guest's {} MiB of memory and the VMM's own "
                                 "{} MiB need at least {} MiB",
                                 vmm_mem_mib_, config.mem_mib, vmm_minimum_overhead_mib, floor_mib));
-    uint64_t mem_mib = config.mem_mib + vmm_overhead_mib;
-    // An overlay in tmpfs is memory the cgroup is charged for and cannot write back: a guest
-    // filling its disk would hit the memory limit instead of ENOSPC. It can grow to the disk.
-    if (config.rootfs_path && memory_backed(config.overlay_dir))
-        mem_mib += (file_size(*config.rootfs_path) + layout::mib - 1) / layout::mib;
-    if (vmm_mem_mib_ >= 0)
-        mem_mib = static_cast<uint64_t>(vmm_mem_mib_);
+    uint64_t mem_mib = static_cast<uint64_t>(vmm_mem_mib_);
+    if (vmm_mem_mib_ < 0) {
+        mem_mib = config.mem_mib + vmm_overhead_mib;
+        // An overlay in tmpfs is memory the cgroup is charged for and cannot write back: a guest
+        // filling its disk would hit the memory limit instead of ENOSPC. It can grow to the disk.
+        if (config.rootfs_path && memory_backed(config.overlay_dir))
+            mem_mib += (file_size(*config.rootfs_path) + layout::mib - 1) / layout::mib;
+    }
     limits.memory_bytes = mem_mib * layout::mib;
     limits.max_pids = vmm_max_tasks;
     cgroup_->limit(limits);

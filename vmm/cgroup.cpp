@@ -38,12 +38,14 @@ constexpr auto removal_patience = std::chrono::seconds(2);
 // may belong to a supervisor in another PID namespace that has not moved its VMM in yet.
 constexpr auto stale_age = std::chrono::minutes(1);
 
-void write_file(const std::string& path, const std::string& text)
+// A write failing with `tolerated` (0: none) is no error.
+void write_file(const std::string& path, const std::string& text, int tolerated = 0)
 {
     Fd fd(::open(path.c_str(), O_WRONLY | O_CLOEXEC));
     if (!fd)
         throw_errno(fmt::format("cgroup: opening '{}'", path));
-    if (::write(fd.get(), text.data(), text.size()) != static_cast<ssize_t>(text.size()))
+    if (::write(fd.get(), text.data(), text.size()) != static_cast<ssize_t>(text.size()) &&
+        (tolerated == 0 || errno != tolerated))
         throw_errno(fmt::format("cgroup: writing '{}' to '{}'", text, path));
 }
 
@@ -197,16 +199,9 @@ std::string VmCgroup::dir_for(const char* controller) const
 
 void VmCgroup::add(pid_t pid) const
 {
-    const std::string text = fmt::format("{}", pid);
-    for (const auto& dir : dirs_) {
-        const std::string path = dir + "/cgroup.procs";
-        Fd fd(::open(path.c_str(), O_WRONLY | O_CLOEXEC));
-        if (!fd)
-            throw_errno(fmt::format("cgroup: opening '{}'", path));
-        // ESRCH: the process has ended already (a VMM that failed at once); its status tells.
-        if (::write(fd.get(), text.data(), text.size()) != static_cast<ssize_t>(text.size()) && errno != ESRCH)
-            throw_errno(fmt::format("cgroup: moving process {} into '{}'", pid, dir));
-    }
+    // ESRCH: the process has ended already (a VMM that failed at once); its status tells.
+    for (const auto& dir : dirs_)
+        write_file(dir + "/cgroup.procs", fmt::format("{}", pid), ESRCH);
 }
 
 void VmCgroup::wait_joined()

@@ -1,8 +1,9 @@
 // A cgroup of its own for each exec call and each shell session, made under the parent that
 // init gives the agent (--call-cgroup; guest/calls_cgroup.hpp explains what the parent
 // bounds and shares). The child process joins it before it execs (child_setup.hpp), so all
-// it starts is in there too, and a timeout or a cancel kills all of it. A call's cgroup is removed once its last process has gone: at
-// the end of the call, or, when background processes outlive the call, at a later call.
+// it starts is in there too, and a timeout or a cancel kills all of it. A call's cgroup is
+// removed once its last process has gone: at the end of the call, or, when background
+// processes outlive the call, at a later call.
 // Without a parent (the agent on a host, for tests) calls stay in the agent's own cgroup.
 #pragma once
 
