@@ -111,7 +111,8 @@ void AgentLink::send_resume()
     if (::getrandom(entropy.data(), entropy.size(), 0) != static_cast<ssize_t>(entropy.size()))
         throw_errno("getrandom for the restored guest's entropy");
     Json request{{"id", "agentvm-resume"}, {"op", "resume"},
-                 {"time_ns", static_cast<uint64_t>(now.tv_sec) * 1'000'000'000 + static_cast<uint64_t>(now.tv_nsec)}};
+                 {"time_ns", static_cast<uint64_t>(now.tv_sec) * 1'000'000'000 + static_cast<uint64_t>(now.tv_nsec)},
+                 {"pids_max", vm_.config().guest_pids_max}};
     put_bytes(request, "entropy", entropy);
     const std::string line = to_line(request);
     // A few hundred bytes into a fresh socket's empty buffer: written whole at once.
@@ -142,7 +143,7 @@ void AgentLink::read_resume_answer()
     done_ = true;
     give_up_.cancel();
     socket_.reset();
-    on_failed_("the restored guest's agent did not take the resume call (clock, entropy): " + line_);
+    on_failed_("the restored guest's agent did not take the resume call (clock, entropy, pids limit): " + line_);
 }
 
 void AgentLink::connected()

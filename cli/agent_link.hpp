@@ -21,7 +21,8 @@ public:
     using Failed = std::function<void(const std::string& why)>;
 
     // resume: the VM was restored from a snapshot, so the link first sends the agent the
-    // `resume` call (host time, fresh entropy) and hands the socket over once it answered.
+    // `resume` call (host time, fresh entropy, the VM's guest_pids_max) and hands the socket
+    // over once it answered.
     AgentLink(Vm& vm, std::chrono::milliseconds deadline, bool resume, Connected on_connected,
               Failed on_failed);
     AgentLink(const AgentLink&) = delete;

@@ -4,6 +4,7 @@
 #include <linux/magic.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
+#include <sys/statvfs.h>
 #include <sys/sysinfo.h>
 #include <unistd.h>
 
@@ -13,6 +14,7 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include "guest/cmdline.hpp"
 #include "vmm/error.hpp"
 #include "vmm/layout.hpp"
 
@@ -45,6 +47,32 @@ uint64_t file_size(const std::string& path)
     if (::stat(path.c_str(), &st) != 0)
         throw_errno(fmt::format("stat '{}'", path));
     return static_cast<uint64_t>(st.st_size);
+}
+
+uint64_t disk_size(const VmConfig& config)
+{
+    return config.disk_bytes != 0 ? config.disk_bytes : file_size(*config.rootfs_path);
+}
+
+// A --disk-size must hold the image, and its overlay, which a guest rewriting its whole disk
+// fills, must fit where it lives: the disk's size is what keeps the guest from filling the
+// host's.
+void check_disk_size(const VmConfig& config)
+{
+    const uint64_t image = file_size(*config.rootfs_path);
+    if (config.disk_bytes < image)
+        throw Error(fmt::format("--disk-size {} MiB is smaller than the root filesystem image '{}' ({:.1f} MiB): "
+                                "the guest's filesystem can grow, not shrink",
+                                config.disk_bytes / layout::mib, *config.rootfs_path,
+                                static_cast<double>(image) / layout::mib));
+    struct statvfs fs {};
+    if (::statvfs(config.overlay_dir.c_str(), &fs) != 0)
+        throw_errno(fmt::format("the disk overlay's directory '{}' (TMPDIR)", config.overlay_dir));
+    const uint64_t available = uint64_t{fs.f_bavail} * fs.f_frsize;
+    if (config.disk_bytes > available)
+        throw Error(fmt::format("--disk-size {} MiB is more than the {} MiB free in '{}', where the disk's overlay "
+                                "lives (TMPDIR): a guest filling its disk would fill the host's",
+                                config.disk_bytes / layout::mib, available / layout::mib, config.overlay_dir));
 }
 
 // Whether files in `dir` live in memory (tmpfs, ramfs).
@@ -84,6 +112,15 @@ void VmOptions::add_to(CLI::App& command)
     command.add_option("--rootfs", rootfs_, "root filesystem image, opened read-only (default: the one set-up built)");
     command.add_option("--cpus", cpus_, "number of vCPUs")->capture_default_str();
     command.add_option("--mem", mem_mib_, "guest memory in MiB")->capture_default_str();
+    command.add_option("--disk-size", disk_mib_,
+                       "root disk size in MiB, the most the guest can write: its filesystem grows to fill it at "
+                       "boot (default: the rootfs image's size)")
+        ->check(CLI::PositiveNumber);
+    command.add_option("--guest-pids", guest_pids_,
+                       fmt::format("processes and threads the guest's tool calls may have at once (1 to {})",
+                                   max_pids_max))
+        ->capture_default_str()
+        ->check(CLI::Range(uint32_t{1}, max_pids_max));
     command.add_option("--cmdline", cmdline_, "extra kernel command-line parameters");
     if (role_ == VmRole::boot)
         command.add_option("--init-cmd", init_cmd_, "command the guest init runs with /bin/sh -c, then powers off");
@@ -142,6 +179,13 @@ VmConfig VmOptions::resolve()
         throw Error(fmt::format("--mem {} MiB is out of range: this host has {} MiB of RAM", mem_mib_,
                                 host_mib));
     config.mem_mib = mem_mib_;
+    const char* tmpdir = std::getenv("TMPDIR");
+    config.overlay_dir = tmpdir && *tmpdir ? tmpdir : "/var/tmp";
+    if (disk_mib_ != 0) {
+        config.disk_bytes = disk_mib_ * layout::mib;
+        check_disk_size(config);
+    }
+    config.guest_pids_max = guest_pids_;
     config.extra_cmdline = cmdline_;
     config.init_cmd = init_cmd_;
     config.serve_agent_only = role_ != VmRole::boot;
@@ -154,8 +198,6 @@ VmConfig VmOptions::resolve()
         if (::access(where.c_str(), W_OK) != 0)
             throw_errno(fmt::format("cannot write console file '{}' (--console) in '{}'", console_, where));
     }
-    const char* tmpdir = std::getenv("TMPDIR");
-    config.overlay_dir = tmpdir && *tmpdir ? tmpdir : "/var/tmp";
     return config;
 }
 
@@ -168,7 +210,7 @@ std::optional<std::string> VmOptions::snapshot_dir() const
             throw Error("--snapshot and --cold contradict each other");
         return snapshot_;
     }
-    for (const char* flag : {"--cold", "--kernel", "--rootfs", "--cmdline", "--cpus", "--mem"})
+    for (const char* flag : {"--cold", "--kernel", "--rootfs", "--cmdline", "--cpus", "--mem", "--disk-size"})
         if (command_->count(flag) > 0)
             return std::nullopt;
     const std::string baked = default_guest_file("snapshot");
@@ -208,7 +250,7 @@ void VmOptions::apply_limits(const VmConfig& config) const
         // An overlay in tmpfs is memory the cgroup is charged for and cannot write back: a guest
         // filling its disk would hit the memory limit instead of ENOSPC. It can grow to the disk.
         if (config.rootfs_path && memory_backed(config.overlay_dir))
-            mem_mib += (file_size(*config.rootfs_path) + layout::mib - 1) / layout::mib;
+            mem_mib += (disk_size(config) + layout::mib - 1) / layout::mib;
     }
     limits.memory_bytes = mem_mib * layout::mib;
     limits.max_pids = vmm_max_tasks;
@@ -229,7 +271,7 @@ JailSpec VmOptions::jail_spec(const VmConfig& config) const
     // (its overlay, a snapshot's copy); the console log is held to the same.
     uint64_t largest = config.mem_mib * layout::mib;
     if (config.rootfs_path)
-        largest = std::max(largest, file_size(*config.rootfs_path));
+        largest = std::max(largest, disk_size(config));
     spec.max_file_bytes = largest + file_size_slack;
     return spec;
 }

@@ -73,6 +73,8 @@ private:
     std::string rootfs_;
     uint32_t cpus_ = 1;
     uint64_t mem_mib_ = 512;
+    uint64_t disk_mib_ = 0;         // unset: the rootfs image's size
+    uint32_t guest_pids_ = default_pids_max;
     std::string cmdline_;
     std::optional<std::string> init_cmd_;
     std::string console_;

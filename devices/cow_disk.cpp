@@ -98,12 +98,12 @@ std::vector<iovec> slice_iovecs(std::span<const iovec> iov, uint64_t offset, uin
     return out;
 }
 
-CowDisk::CowDisk(const std::string& base_path, const std::string& overlay_dir)
-    : CowDisk(open_read_only(base_path), base_path, overlay_dir)
+CowDisk::CowDisk(const std::string& base_path, const std::string& overlay_dir, uint64_t capacity_bytes)
+    : CowDisk(open_read_only(base_path), base_path, overlay_dir, capacity_bytes)
 {
 }
 
-CowDisk::CowDisk(Fd base, const std::string& name, const std::string& overlay_dir)
+CowDisk::CowDisk(Fd base, const std::string& name, const std::string& overlay_dir, uint64_t capacity_bytes)
     : base_(std::move(base)), name_(name)
 {
     if (!base_)
@@ -112,10 +112,16 @@ CowDisk::CowDisk(Fd base, const std::string& name, const std::string& overlay_di
     if (bytes == 0 || bytes % sector_size != 0)
         throw Error(fmt::format("disk image {} is {} bytes, not a non-zero multiple of {}", name, bytes,
                                 sector_size));
+    if (capacity_bytes == 0)
+        capacity_bytes = bytes;
+    if (capacity_bytes < bytes || capacity_bytes % sector_size != 0)
+        throw Error(fmt::format("a disk of {} bytes cannot hold its image {} of {} bytes", capacity_bytes, name,
+                                bytes));
     // Offsets are off_t and results int32: keep the disk well inside both ranges.
-    if (bytes > (uint64_t{1} << 62))
-        throw Error(fmt::format("disk image {} is too large ({} bytes)", name, bytes));
-    capacity_sectors_ = bytes / sector_size;
+    if (capacity_bytes > (uint64_t{1} << 62))
+        throw Error(fmt::format("disk {} is too large ({} bytes)", name, capacity_bytes));
+    base_sectors_ = bytes / sector_size;
+    capacity_sectors_ = capacity_bytes / sector_size;
     written_.assign((capacity_sectors_ + 63) / 64, 0);
     open_overlay(overlay_dir.empty() ? default_overlay_dir() : overlay_dir);
 }
@@ -175,7 +181,8 @@ std::vector<CowDisk::Extent> CowDisk::plan_read(uint64_t sector, uint64_t count)
                                      capacity_sectors_));
     std::vector<Extent> plan;
     for (uint64_t s = sector; s < sector + count; ++s) {
-        const bool overlay = is_written(s);
+        // Past the base's end the overlay's holes are the disk's zeros.
+        const bool overlay = s >= base_sectors_ || is_written(s);
         if (!plan.empty() && plan.back().overlay == overlay)
             ++plan.back().count;
         else

@@ -1,10 +1,11 @@
 // A copy-on-write disk: a shared read-only base image plus a private, throwaway overlay.
 //
 // Every VM boots from the same base image, which is opened O_RDONLY and never written. The
-// VM's writes land in an overlay file of the same size, created O_TMPFILE (it has no name
+// VM's writes land in an overlay file of the disk's size, created O_TMPFILE (it has no name
 // from birth, so nothing is left behind even if the VMM is SIGKILLed) and left sparse; a
 // bitmap of 512-byte sectors says which sectors the overlay holds. A read is split into
-// runs served from the base or the overlay.
+// runs served from the base or the overlay. The disk may be larger than the base: sectors
+// past the base's end live in the overlay alone and read as zeros until written.
 //
 // The planning (plan_read, mark_written) is pure; read/write submit through the EventLoop
 // and complete on its thread. Not thread-safe: the owning device serializes access. Must not
@@ -50,14 +51,16 @@ public:
     // res: bytes transferred (the whole request) or -errno.
     using Completion = std::function<void(int32_t res)>;
 
-    // Opens base_path read-only. overlay_dir empty: $TMPDIR, else /var/tmp. Throws Error when
-    // the base is missing, unreadable, empty or not a multiple of 512 bytes, or when the
-    // overlay cannot be created.
-    explicit CowDisk(const std::string& base_path, const std::string& overlay_dir = {});
+    // Opens base_path read-only. overlay_dir empty: $TMPDIR, else /var/tmp. capacity_bytes 0:
+    // the base's size. Throws Error when the base is missing, unreadable, empty or not a
+    // multiple of 512 bytes, when the capacity is smaller than the base or not a multiple of
+    // 512 bytes, or when the overlay cannot be created.
+    explicit CowDisk(const std::string& base_path, const std::string& overlay_dir = {}, uint64_t capacity_bytes = 0);
     // Takes an fd the caller opened (read-only is enough); name is for error messages.
-    CowDisk(Fd base, const std::string& name, const std::string& overlay_dir = {});
+    CowDisk(Fd base, const std::string& name, const std::string& overlay_dir = {}, uint64_t capacity_bytes = 0);
 
     uint64_t capacity_sectors() const { return capacity_sectors_; }
+    uint64_t base_sectors() const { return base_sectors_; }
     int base_fd() const { return base_.get(); }
     int overlay_fd() const { return overlay_.get(); }
 
@@ -92,6 +95,7 @@ private:
     Fd overlay_;
     std::string name_;
     uint64_t capacity_sectors_ = 0;
+    uint64_t base_sectors_ = 0;
     std::vector<uint64_t> written_;
 };
 

@@ -17,6 +17,9 @@ namespace agentvm {
 inline constexpr std::string_view init_cmd_param = "agentvm.init_cmd";
 // Present (no value): run no command and no shell, only the agent, until the host ends the VM.
 inline constexpr std::string_view serve_param = "agentvm.serve";
+// Present (no value): the root disk is larger than its filesystem (agentvm --disk-size);
+// init grows the filesystem to fill it before anything runs.
+inline constexpr std::string_view grow_root_param = "agentvm.grow_root";
 // agentvm.pids_max=N: at most N processes and threads in the tool calls' cgroup at once
 // (default_pids_max without it), so a fork bomb meets EAGAIN instead of exhausting the guest.
 inline constexpr std::string_view pids_max_param = "agentvm.pids_max";

@@ -18,6 +18,7 @@
 #include "guest/calls_cgroup.hpp"
 #include "guest/cmdline.hpp"
 #include "guest/console.hpp"
+#include "guest/grow_root.hpp"
 #include "guest/loopback.hpp"
 #include "guest/mounts.hpp"
 #include "guest/power.hpp"
@@ -89,6 +90,8 @@ void run()
         say_errno("read /proc/cmdline");
         return;
     }
+    if (find_cmdline_param(*cmdline, grow_root_param))
+        grow_root_filesystem();
     uint32_t pids_max = default_pids_max;
     if (const auto given = find_cmdline_param(*cmdline, pids_max_param)) {
         if (const auto n = parse_pids_max(*given))

@@ -1,3 +1,6 @@
+#include <fmt/format.h>
+
+#include "guest/cmdline.hpp"
 #include "vmm/base64.hpp"
 #include "vmm/vm_config.hpp"
 
@@ -17,6 +20,8 @@ std::string guest_cmdline(const VmConfig& config, const std::string& device_para
         line += " agentvm.init_cmd=" + base64_encode(*config.init_cmd);
     if (config.serve_agent_only)
         line += " agentvm.serve";
+    if (config.rootfs_path && config.guest_pids_max != default_pids_max)
+        line += fmt::format(" {}={}", pids_max_param, config.guest_pids_max);
     if (!config.extra_cmdline.empty())
         line += " " + config.extra_cmdline;
     return line;

@@ -18,6 +18,7 @@
 #include "devices/state_json.hpp"
 #include "vmm/error.hpp"
 #include "vmm/file_digest.hpp"
+#include "vmm/layout.hpp"
 
 namespace agentvm {
 namespace {
@@ -207,6 +208,8 @@ SnapshotSummary SnapshotWriter::write(const Vm& vm) const
     SnapshotSummary summary;
     summary.dir = target_.string();
     json manifest = manifest_;
+    if (vm.disk_bytes() != 0)
+        manifest["disk_bytes"] = vm.disk_bytes();
 
     const std::vector<uint8_t> state = encode_cbor(vm.save_state());
     Fd state_fd = create_file(partial.path() / state_name);
@@ -311,8 +314,14 @@ LoadedSnapshot load_snapshot(const Kvm& kvm, const std::string& dir, VmConfig co
         check_input(manifest.at("kernel"), config.kernel_path, "kernel");
         if (manifest.contains("rootfs") != config.rootfs_path.has_value())
             throw Error("the snapshot and this VM disagree on having a root disk");
-        if (config.rootfs_path)
+        if (config.rootfs_path) {
             check_input(manifest.at("rootfs"), *config.rootfs_path, "root filesystem");
+            const auto disk_bytes = manifest.at("disk_bytes").get<uint64_t>();
+            if (config.disk_bytes != 0 && config.disk_bytes != disk_bytes)
+                throw Error(fmt::format("--disk-size {} MiB: the snapshot was baked with a disk of {} MiB",
+                                        config.disk_bytes / layout::mib, disk_bytes / layout::mib));
+            config.disk_bytes = disk_bytes;
+        }
         check_host_cpu(kvm, manifest.at("host_cpu"));
 
         const json& files = manifest.at("files");

@@ -1,5 +1,5 @@
 // A snapshot on disk: a directory holding
-//   manifest.json  what it is: format, agentvm version, vCPUs, memory, the kernel and rootfs
+//   manifest.json  what it is: format, agentvm version, vCPUs, memory, disk size, the kernel and rootfs
 //                  it was baked from, the host CPU's features, and each file's size, digest
 //                  and stamp (vmm/file_digest.hpp);
 //   state.cbor     the VM's state document (Vm::save_state) as CBOR;
@@ -28,7 +28,7 @@
 
 namespace agentvm {
 
-inline constexpr int snapshot_format = 1;
+inline constexpr int snapshot_format = 2;  // 2: the manifest records disk_bytes
 
 struct SnapshotSummary {
     std::string dir;
@@ -56,12 +56,13 @@ private:
 };
 
 struct LoadedSnapshot {
-    VmConfig config;      // the caller's, with the snapshot's vCPU count and memory size
+    VmConfig config;      // the caller's, with the snapshot's vCPU count, memory and disk size
     VmSnapshotData data;
 };
 
 // Opens and checks the snapshot at `dir` for a VM configured as `config` (kernel, rootfs,
-// console, ...). config.vcpus / mem_mib, when not 0, must equal the snapshot's. Throws Error.
+// console, ...). config.vcpus / mem_mib / disk_bytes, when not 0, must equal the snapshot's.
+// Throws Error.
 LoadedSnapshot load_snapshot(const Kvm& kvm, const std::string& dir, VmConfig config);
 
 } // namespace agentvm

@@ -14,6 +14,7 @@
 #include "devices/state_json.hpp"
 #include "devices/virtio_blk.hpp"
 #include "devices/virtio_vsock.hpp"
+#include "guest/cmdline.hpp"
 #include "vmm/boot.hpp"
 #include "vmm/cpuid.hpp"
 #include "vmm/error.hpp"
@@ -79,7 +80,7 @@ Vm::Vm(const Kvm& kvm, const VmConfig& config, GuestMemory mem)
     create_irqchip();
     add_serial(config.console_fd);
     if (config.rootfs_path)
-        device_params_ = add_root_disk(*config.rootfs_path, config.overlay_dir) + " ";
+        device_params_ = add_root_disk(*config.rootfs_path, config.overlay_dir, config.disk_bytes) + " ";
     device_params_ += add_vsock(config.vsock_uds);
 }
 
@@ -150,12 +151,15 @@ void Vm::add_serial(int console_fd)
     pio_.insert(layout::com1_port, layout::com1_ports, *serial_);
 }
 
-std::string Vm::add_root_disk(const std::string& path, const std::string& overlay_dir)
+std::string Vm::add_root_disk(const std::string& path, const std::string& overlay_dir, uint64_t disk_bytes)
 {
-    blk_ = std::make_unique<VirtioBlk>(CowDisk(path, overlay_dir), loop_, "agentvm-root");
+    blk_ = std::make_unique<VirtioBlk>(CowDisk(path, overlay_dir, disk_bytes), loop_, "agentvm-root");
     blk_slot_ = std::make_unique<VirtioSlot>(vm_.get(), mem_, loop_, mmio_, *blk_,
                                              layout::virtio_mmio_base, layout::first_virtio_irq);
-    return blk_slot_->cmdline_param();
+    std::string params = blk_slot_->cmdline_param();
+    if (blk_->disk().capacity_sectors() > blk_->disk().base_sectors())
+        params.append(" ").append(grow_root_param);
+    return params;
 }
 
 std::string Vm::add_vsock(const std::optional<std::string>& uds_path)
@@ -224,6 +228,11 @@ void Vm::save_disk(int fd) const
     const CowDisk& disk = blk_->disk();
     copy_ranges(disk.overlay_fd(), fd, disk.written_byte_ranges(), disk.capacity_sectors() * CowDisk::sector_size,
                 "the disk overlay into the snapshot");
+}
+
+uint64_t Vm::disk_bytes() const
+{
+    return blk_ ? blk_->disk().capacity_sectors() * CowDisk::sector_size : 0;
 }
 
 void Vm::restore_state(const nlohmann::json& state, int disk_fd)

@@ -91,6 +91,8 @@ public:
     nlohmann::json save_state() const;
     void save_memory(int fd) const;
     void save_disk(int fd) const;
+    // The root disk's size in bytes; 0 without one.
+    uint64_t disk_bytes() const;
 
     // Bytes typed at the guest's serial console. Called on the I/O loop's thread.
     void console_input(std::span<const uint8_t> bytes);
@@ -103,7 +105,7 @@ private:
     void create_irqchip();
     void map_memory();
     void add_serial(int console_fd);
-    std::string add_root_disk(const std::string& path, const std::string& overlay_dir);
+    std::string add_root_disk(const std::string& path, const std::string& overlay_dir, uint64_t disk_bytes);
     std::string add_vsock(const std::optional<std::string>& uds_path);
     void create_vcpus(const LoadedKernel& kernel);
     void restore_state(const nlohmann::json& state, int disk_fd);

@@ -5,6 +5,7 @@
 #include <optional>
 #include <string>
 
+#include "guest/cmdline.hpp"
 #include "vmm/seccomp.hpp"
 
 namespace agentvm {
@@ -12,6 +13,10 @@ namespace agentvm {
 struct VmConfig {
     std::string kernel_path;
     std::optional<std::string> rootfs_path;  // none: no disk (tiny test guests)
+    // The root disk's size in bytes; 0: the image's. Larger: the guest grows its filesystem at boot.
+    uint64_t disk_bytes = 0;
+    // At most this many processes and threads in the guest's tool calls at once.
+    uint32_t guest_pids_max = default_pids_max;
     uint32_t vcpus = 1;
     uint64_t mem_mib = 512;
     std::string extra_cmdline;                // appended after agentvm's own parameters

@@ -40,6 +40,16 @@ void CallCgroup::set_parent(const std::optional<std::string>& dir)
         throw_errno("open " + *dir);
 }
 
+void CallCgroup::set_pids_max(uint32_t pids_max)
+{
+    if (!parent)
+        throw CallError("io", "setting pids.max: the agent runs calls in no cgroup of their own (no --call-cgroup)");
+    const Fd file(::openat(parent.get(), "pids.max", O_WRONLY | O_CLOEXEC));
+    const std::string text = std::to_string(pids_max);
+    if (!file || ::write(file.get(), text.data(), text.size()) != static_cast<ssize_t>(text.size()))
+        throw CallError("io", "setting the calls' pids.max to " + text + ": " + std::strerror(errno));
+}
+
 CallCgroup::CallCgroup(const char* kind)
 {
     if (!parent)

@@ -18,6 +18,9 @@ class CallCgroup {
 public:
     // At start-up, before any call. Throws Error if `dir` cannot be opened.
     static void set_parent(const std::optional<std::string>& dir);
+    // Sets the parent's pids.max: how many processes and threads all calls may have at once.
+    // Throws CallError(io) when it cannot, or when there is no parent.
+    static void set_pids_max(uint32_t pids_max);
 
     // A fresh cgroup named "<kind>-<n>"; none without a parent. Throws
     // CallError(spawn_failed) when it cannot be made.

@@ -7,8 +7,9 @@
 #include <cstring>
 #include <limits>
 
-#include "vmm/base64.hpp"
 #include "guest/agent/utf8.hpp"
+#include "guest/cmdline.hpp"
+#include "vmm/base64.hpp"
 
 namespace agentvm {
 
@@ -158,6 +159,11 @@ ResumeRequest parse_resume(const Json& object)
         bad_field("entropy", "must be " + std::to_string(min_resume_entropy) + " to "
                       + std::to_string(max_resume_entropy) + " bytes");
     resume.entropy = std::move(*entropy);
+    if (const auto it = object.find("pids_max"); it != object.end()) {
+        if (!it->is_number_unsigned() || it->get<uint64_t>() == 0 || it->get<uint64_t>() > max_pids_max)
+            bad_field("pids_max", "must be an integer from 1 to " + std::to_string(max_pids_max));
+        resume.pids_max = it->get<uint32_t>();
+    }
     return resume;
 }
 

@@ -78,6 +78,9 @@ struct CloseRequest {};
 struct ResumeRequest {
     uint64_t time_ns = 0;  // host CLOCK_REALTIME, nanoseconds since the epoch
     std::string entropy;   // 16-512 bytes from the host's CSPRNG
+    // The tool calls' pids.max for this episode (agentvm --guest-pids), which may differ from
+    // the one the snapshot was baked with.
+    std::optional<uint32_t> pids_max;
 };
 
 constexpr size_t min_resume_entropy = 16;

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <vector>
 
+#include "guest/agent/call_cgroup.hpp"
 #include "vmm/fd.hpp"
 
 namespace agentvm {
@@ -44,6 +45,9 @@ void resume_guest(const ResumeRequest& request)
         io_error("RNDADDENTROPY");
     if (::ioctl(random.get(), RNDRESEEDCRNG) != 0)
         io_error("RNDRESEEDCRNG");
+
+    if (request.pids_max)
+        CallCgroup::set_pids_max(*request.pids_max);
 }
 
 } // namespace agentvm

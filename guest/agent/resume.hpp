@@ -1,6 +1,7 @@
 // The resume call: after a snapshot restore the guest's clock still shows the moment of the
 // snapshot and its random-number generator holds the same state as every other clone. The
-// host sends its time and fresh entropy; this puts both into the guest kernel.
+// host sends its time and fresh entropy; this puts both into the guest kernel. It also sends
+// the episode's limit on the tool calls' processes, which may not be the baked one.
 #pragma once
 
 #include "guest/agent/protocol.hpp"

@@ -245,6 +245,13 @@ TEST_CASE("resume requests carry the host time and 16-512 bytes of entropy")
     CHECK(resume.time_ns == 1764412345123456789u);
     CHECK(resume.entropy.size() == 16);
     CHECK(resume.entropy[15] == '\x0f');
+    CHECK_FALSE(resume.pids_max);
+    const Request limited = parse_request(
+        R"({"id":"r","op":"resume","time_ns":1,"entropy":"0123456789abcdef","pids_max":64})");
+    CHECK(std::get<ResumeRequest>(limited.op).pids_max == 64u);
+    for (const char* bad : {"0", "4194305", "-1", "1.5", "\"64\"", "null"})
+        CHECK(error_code_of(std::string(R"({"id":1,"op":"resume","time_ns":1,"entropy":"0123456789abcdef","pids_max":)")
+                            + bad + "}") == "bad_field");
     CHECK(error_code_of(R"({"id":1,"op":"resume","entropy":"0123456789abcdef"})") == "missing_field");
     CHECK(error_code_of(R"({"id":1,"op":"resume","time_ns":1})") == "missing_field");
     CHECK(error_code_of(R"({"id":1,"op":"resume","time_ns":-1,"entropy":"0123456789abcdef"})") == "bad_field");

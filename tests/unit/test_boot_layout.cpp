@@ -184,4 +184,8 @@ TEST_CASE("guest command line carries the init command base64-encoded")
     CHECK(line.find("reboot=t") != std::string::npos);
     CHECK(line.find("agentvm.init_cmd=ZWNobyAiaGki") != std::string::npos);
     CHECK(line.rfind("loglevel=7") == line.size() - 10);
+    // The default tool-call pids limit is the guest's own; another one travels on the line.
+    CHECK(line.find("agentvm.pids_max") == std::string::npos);
+    config.guest_pids_max = 64;
+    CHECK(guest_cmdline(config, "").find(" agentvm.pids_max=64 ") != std::string::npos);
 }

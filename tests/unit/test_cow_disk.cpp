@@ -191,6 +191,55 @@ TEST_CASE_FIXTURE(Fixture, "copy-on-write through the event loop")
     CHECK(overlay_dir.entries() == 0);
 }
 
+TEST_CASE_FIXTURE(Fixture, "a disk larger than its base reads zeros past the base until written")
+{
+    EventLoop loop;
+    constexpr uint64_t capacity = sectors + 28;
+    CowDisk disk(base_path, overlay_dir.path, capacity * 512);
+    CHECK(disk.capacity_sectors() == capacity);
+    CHECK(disk.base_sectors() == sectors);
+    struct stat st {};
+    REQUIRE(::fstat(disk.overlay_fd(), &st) == 0);
+    CHECK(static_cast<uint64_t>(st.st_size) == capacity * 512);
+    using E = CowDisk::Extent;
+    CHECK(disk.plan_read(98, 4) == std::vector<E>{{98, 2, false}, {100, 2, true}});
+    CHECK_FALSE(disk.is_written(100));
+
+    // Across the base's end: the base's last sector, then zeros.
+    std::vector<uint8_t> buf(2 * 512, 0xee);
+    iovec whole{buf.data(), buf.size()};
+    CHECK(run(loop, [&](auto done) { disk.read(loop, sectors - 1, {&whole, 1}, done); }) == 1024);
+    CHECK(std::vector<uint8_t>(buf.begin(), buf.begin() + 512) == base_sector(sectors - 1));
+    CHECK(std::vector<uint8_t>(buf.begin() + 512, buf.end()) == std::vector<uint8_t>(512, 0));
+
+    // The last sector of the disk takes a write and gives it back; the bitmap records it.
+    std::vector<uint8_t> w(512, 0x5a);
+    iovec wv{w.data(), 512};
+    CHECK(run(loop, [&](auto done) { disk.write(loop, capacity - 1, {&wv, 1}, done); }) == 512);
+    CHECK(disk.is_written(capacity - 1));
+    std::vector<uint8_t> r(512);
+    iovec rv{r.data(), 512};
+    CHECK(run(loop, [&](auto done) { disk.read(loop, capacity - 1, {&rv, 1}, done); }) == 512);
+    CHECK(r == w);
+    CHECK_THROWS_AS(disk.plan_read(capacity - 1, 2), GuestError);
+    CHECK(read_bytes(base_path) == base_bytes);
+
+    // The state carries the capacity: a disk of the base's size does not take it.
+    CowDisk same(base_path, overlay_dir.path, capacity * 512);
+    same.restore(disk.save());
+    CHECK(same.save() == disk.save());
+    CowDisk smaller(base_path, overlay_dir.path);
+    CHECK_THROWS_AS(smaller.restore(disk.save()), Error);
+}
+
+TEST_CASE_FIXTURE(Fixture, "a disk cannot be smaller than its base or a partial sector")
+{
+    CHECK_THROWS_WITH_AS(CowDisk(base_path, overlay_dir.path, (sectors - 1) * 512),
+                         doctest::Contains("cannot hold its image"), Error);
+    CHECK_THROWS_AS(CowDisk(base_path, overlay_dir.path, sectors * 512 + 100), Error);
+    CHECK(CowDisk(base_path, overlay_dir.path, sectors * 512).capacity_sectors() == sectors);
+}
+
 TEST_CASE_FIXTURE(Fixture, "bad requests are refused before any I/O")
 {
     EventLoop loop;

@@ -57,12 +57,51 @@ def own_statuses():
         (["--env", "NOEQUALS", "--", "true"], 125, b"NAME=VALUE"),
         (["--kernel", "/nonexistent", "--", "true"], 125, b"/nonexistent"),
         (["--max-output", "1", "--", "echo", "hello"], 0, b"cut at 1 bytes"),
+        (["--disk-size", "16", "--", "true"], 125, b"smaller than the root filesystem image"),
+        (["--disk-size", str(1 << 40), "--", "true"], 125, b"where the disk's overlay lives"),
+        (["--guest-pids", "0", "--", "true"], 125, b"--guest-pids"),
     ]
     for args, code, message in cases:
         r = run(*args)
         expect(r.returncode == code and message in r.stderr,
                f"{args}: exit {r.returncode} (want {code}), stderr {r.stderr[-400:]!r}")
     return f"{len(cases)} cases: 124 timeout, 127 not found, 126 not executable, 125 agentvm's own errors"
+
+
+def disk_size():
+    """--disk-size grows the guest's filesystem at boot: what did not fit the image's free space
+    fits, and the disk's size is still where ENOSPC comes."""
+    image_mib = os.path.getsize(os.path.join(os.path.dirname(AGENTVM), "guest", "rootfs.ext4")) >> 20
+    # Allocates N MiB in one file (no data written, so even emulated it is quick).
+    script = ("import os, sys; st = os.statvfs('/'); print(st.f_blocks * st.f_frsize >> 20, end=' ');"
+              "fd = os.open('/big', os.O_CREAT | os.O_WRONLY)\n"
+              "try:\n os.posix_fallocate(fd, 0, int(sys.argv[1]) << 20); print('allocated')\n"
+              "except OSError as e:\n print(os.strerror(e.errno))")
+    free_mib = int(run("--", "sh", "-c", "df -m --output=avail / | tail -1").stdout)
+    want = free_mib + 128
+    r = run("--", "python3", "-c", script, str(want))
+    expect(r.returncode == 0 and r.stdout.split()[1:] == [b"No", b"space", b"left", b"on", b"device"],
+           f"default disk, {want} MiB: {r.stdout!r} {r.stderr[-400:]!r}")
+    disk = image_mib + 256
+    r = run("--disk-size", str(disk), "--", "python3", "-c", script, str(want))
+    words = r.stdout.split()
+    expect(r.returncode == 0 and words[1:] == [b"allocated"] and image_mib + 200 < int(words[0]) <= disk,
+           f"--disk-size {disk}, {want} MiB: {r.stdout!r} {r.stderr[-400:]!r}")
+    r = run("--disk-size", str(disk), "--", "python3", "-c", script, str(disk))
+    expect(r.returncode == 0 and b"No space left" in r.stdout, f"--disk-size {disk}, {disk} MiB: {r.stdout!r}")
+    return (f"{want} MiB: ENOSPC on the image's {free_mib} MiB free; allocated with --disk-size {disk} "
+            f"(filesystem {int(words[0])} MiB); {disk} MiB: ENOSPC")
+
+
+def guest_pids():
+    r = run("--cold", "--guest-pids", "100", "--", "cat", "/sys/fs/cgroup/tool-calls/pids.max")
+    expect(r.returncode == 0 and r.stdout == b"100\n", f"cold --guest-pids 100: {r.stdout!r} {r.stderr[-400:]!r}")
+    r = subprocess.run([AGENTVM, "--log-level", "debug", "run", "--guest-pids", "64", "--", "cat",
+                        "/sys/fs/cgroup/tool-calls/pids.max"], stdin=subprocess.DEVNULL, capture_output=True,
+                       timeout=600)
+    expect(r.returncode == 0 and r.stdout == b"64\n", f"--guest-pids 64: {r.stdout!r} {r.stderr[-400:]!r}")
+    expect(b"restoring from snapshot" in r.stderr, f"--guest-pids 64 did not restore set-up's snapshot: {r.stderr[-600:]!r}")
+    return "the tool calls' pids.max is --guest-pids, booted (100) and restored from set-up's snapshot (64)"
 
 
 def closed_stdout():
@@ -92,8 +131,8 @@ def nothing_left_behind():
     return "3 runs: TMPDIR empty, no agentvm process left"
 
 
-CASES = [streams_and_status, order_and_binary, shell_env_workdir_stdin, own_statuses, closed_stdout,
-         nothing_left_behind]
+CASES = [streams_and_status, order_and_binary, shell_env_workdir_stdin, own_statuses, disk_size, guest_pids,
+         closed_stdout, nothing_left_behind]
 
 
 def main():

@@ -20,6 +20,10 @@ from episode_client import Episode
 AGENTVM = sys.argv[1]
 WORK = tempfile.mkdtemp(prefix="agentvm-snapshot-")
 SNAP = os.path.join(WORK, "snap")
+IMAGE_MIB = os.path.getsize(os.path.join(os.path.dirname(AGENTVM), "guest", "rootfs.ext4")) >> 20
+# The snapshot is baked with a disk larger than the image, which its restores must keep.
+DISK_MIB = IMAGE_MIB + 256
+PIDS_MAX = "/sys/fs/cgroup/tool-calls/pids.max"
 
 
 def run(*args, timeout=600):
@@ -27,7 +31,7 @@ def run(*args, timeout=600):
 
 
 def bake():
-    r = run("snapshot", "bake", "--out", SNAP, "--json")
+    r = run("snapshot", "bake", "--out", SNAP, "--json", "--disk-size", str(DISK_MIB))
     expect(r.returncode == 0, f"bake exit {r.returncode}: {r.stderr[-800:]!r}")
     summary = json.loads(r.stdout)
     expect(summary["dir"] == os.path.abspath(SNAP), f"summary: {summary}")
@@ -43,14 +47,21 @@ def bake():
 
 def restore_runs():
     before = time.time()
-    r = run("run", "--snapshot", SNAP, "--", "sh", "-c", "echo restored; date +%s.%N")
+    r = run("run", "--snapshot", SNAP, "--", "sh", "-c",
+            f"echo restored; date +%s.%N; cat {PIDS_MAX}; stat -f -c '%b %S' /")
     after = time.time()
     expect(r.returncode == 0, f"exit {r.returncode}: {r.stderr[-800:]!r}")
     lines = r.stdout.decode().split()
     expect(lines[0] == "restored", f"stdout {r.stdout!r}")
     guest = float(lines[1])
     expect(before - 2 <= guest <= after + 2, f"guest clock {guest:.1f}, host {before:.1f}..{after:.1f}")
-    return f"a command ran in the restored guest; its clock is the host's ({guest - after:+.1f} s)"
+    expect(lines[2] == "1024", f"pids.max {lines[2]}, want the default 1024")
+    fs_mib = int(lines[3]) * int(lines[4]) >> 20
+    expect(IMAGE_MIB + 200 < fs_mib <= DISK_MIB, f"root filesystem {fs_mib} MiB, disk {DISK_MIB} MiB")
+    r = run("run", "--snapshot", SNAP, "--guest-pids", "77", "--", "cat", PIDS_MAX)
+    expect(r.returncode == 0 and r.stdout == b"77\n", f"--guest-pids 77: {r.stdout!r} {r.stderr[-400:]!r}")
+    return f"a command ran in the restored guest; its clock is the host's ({guest - after:+.1f} s); " \
+           f"its filesystem kept the baked disk's size ({fs_mib} MiB of {DISK_MIB}); --guest-pids 77 set pids.max"
 
 
 def clones_independent():
@@ -185,7 +196,10 @@ def bad_inputs():
     expect(r.returncode == 125 and b"another kernel" in r.stderr, f"other kernel: {r.stderr[-400:]!r}")
     r = run("run", "--snapshot", SNAP, "--cpus", "2", "--", "true")
     expect(r.returncode == 125 and b"baked with 1 vCPUs" in r.stderr, f"--cpus 2: {r.stderr[-400:]!r}")
-    return f"{len(cases) + 2} bad snapshots refused with exit 125 and the cause named"
+    r = run("run", "--snapshot", SNAP, "--disk-size", str(DISK_MIB + 4), "--", "true")
+    expect(r.returncode == 125 and f"baked with a disk of {DISK_MIB} MiB".encode() in r.stderr,
+           f"--disk-size: {r.stderr[-400:]!r}")
+    return f"{len(cases) + 3} bad snapshots refused with exit 125 and the cause named"
 
 
 def default_snapshot():
