@@ -78,14 +78,14 @@ def disk_size():
               "try:\n os.posix_fallocate(fd, 0, int(sys.argv[1]) << 20); print('allocated')\n"
               "except OSError as e:\n print(os.strerror(e.errno))")
     free_mib = int(run("--", "sh", "-c", "df -m --output=avail / | tail -1").stdout)
-    want = free_mib + 128
+    want = free_mib + 64
     r = run("--", "python3", "-c", script, str(want))
     expect(r.returncode == 0 and r.stdout.split()[1:] == [b"No", b"space", b"left", b"on", b"device"],
            f"default disk, {want} MiB: {r.stdout!r} {r.stderr[-400:]!r}")
-    disk = image_mib + 256
+    disk = image_mib + 160
     r = run("--disk-size", str(disk), "--", "python3", "-c", script, str(want))
     words = r.stdout.split()
-    expect(r.returncode == 0 and words[1:] == [b"allocated"] and image_mib + 200 < int(words[0]) <= disk,
+    expect(r.returncode == 0 and words[1:] == [b"allocated"] and image_mib + 100 < int(words[0]) <= disk,
            f"--disk-size {disk}, {want} MiB: {r.stdout!r} {r.stderr[-400:]!r}")
     r = run("--disk-size", str(disk), "--", "python3", "-c", script, str(disk))
     expect(r.returncode == 0 and b"No space left" in r.stdout, f"--disk-size {disk}, {disk} MiB: {r.stdout!r}")

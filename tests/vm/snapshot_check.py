@@ -22,7 +22,7 @@ WORK = tempfile.mkdtemp(prefix="agentvm-snapshot-")
 SNAP = os.path.join(WORK, "snap")
 IMAGE_MIB = os.path.getsize(os.path.join(os.path.dirname(AGENTVM), "guest", "rootfs.ext4")) >> 20
 # The snapshot is baked with a disk larger than the image, which its restores must keep.
-DISK_MIB = IMAGE_MIB + 256
+DISK_MIB = IMAGE_MIB + 64
 PIDS_MAX = "/sys/fs/cgroup/tool-calls/pids.max"
 
 
@@ -57,7 +57,7 @@ def restore_runs():
     expect(before - 2 <= guest <= after + 2, f"guest clock {guest:.1f}, host {before:.1f}..{after:.1f}")
     expect(lines[2] == "1024", f"pids.max {lines[2]}, want the default 1024")
     fs_mib = int(lines[3]) * int(lines[4]) >> 20
-    expect(IMAGE_MIB + 200 < fs_mib <= DISK_MIB, f"root filesystem {fs_mib} MiB, disk {DISK_MIB} MiB")
+    expect(IMAGE_MIB + 40 < fs_mib <= DISK_MIB, f"root filesystem {fs_mib} MiB, disk {DISK_MIB} MiB")
     r = run("run", "--snapshot", SNAP, "--guest-pids", "77", "--", "cat", PIDS_MAX)
     expect(r.returncode == 0 and r.stdout == b"77\n", f"--guest-pids 77: {r.stdout!r} {r.stderr[-400:]!r}")
     return f"a command ran in the restored guest; its clock is the host's ({guest - after:+.1f} s); " \
