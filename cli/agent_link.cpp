@@ -129,10 +129,11 @@ void AgentLink::read_resume_answer()
         return;
     if (read == LineRead::closed) {
         // The transport reset that a restore sends the guest can overtake this connection
-        // and drop it: connect again, as for a refusal.
+        // and drop it. The guest has handled the reset by now, so connect again at once:
+        // waiting out the refusal interval would cost every restore 5 ms.
         spdlog::debug("the restored guest dropped the connection before answering resume");
         socket_.reset();
-        retry_.arm(retry_interval);
+        attempt();
         return;
     }
     const Json answer = Json::parse(line_, nullptr, false);
