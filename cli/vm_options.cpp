@@ -113,12 +113,11 @@ void VmOptions::add_to(CLI::App& command)
     command.add_option("--cpus", cpus_, "number of vCPUs")->capture_default_str();
     command.add_option("--mem", mem_mib_, "guest memory in MiB")->capture_default_str();
     command.add_option("--disk-size", disk_mib_,
-                       "root disk size in MiB, the most the guest can write: its filesystem grows to fill it at "
-                       "boot (default: the rootfs image's size)")
+                       "root disk size in MiB, at least the rootfs image's: the guest's filesystem grows to fill "
+                       "it at boot, and its writes meet ENOSPC there (default: the image's size)")
         ->check(CLI::PositiveNumber);
     command.add_option("--guest-pids", guest_pids_,
-                       fmt::format("processes and threads the guest's tool calls may have at once (1 to {})",
-                                   max_pids_max))
+                       "processes and threads the guest's tool calls may have at once")
         ->capture_default_str()
         ->check(CLI::Range(uint32_t{1}, max_pids_max));
     command.add_option("--cmdline", cmdline_, "extra kernel command-line parameters");
