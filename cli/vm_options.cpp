@@ -29,6 +29,8 @@ constexpr uint64_t vmm_minimum_overhead_mib = 64;
 // Threads of one VMM: a vCPU each, the I/O loop, and io_uring's workers for blocking I/O.
 constexpr uint64_t vmm_max_tasks = 512;
 constexpr uint64_t file_size_slack = 64 * layout::mib;
+// CowDisk's own ceiling (2^62 bytes), in MiB.
+constexpr uint64_t max_disk_mib = (uint64_t{1} << 62) / layout::mib;
 
 void require_readable_file(const std::string& path, const char* what, const char* flag)
 {
@@ -181,6 +183,9 @@ VmConfig VmOptions::resolve()
     const char* tmpdir = std::getenv("TMPDIR");
     config.overlay_dir = tmpdir && *tmpdir ? tmpdir : "/var/tmp";
     if (disk_mib_ != 0) {
+        // Checked before multiplying: a wrapped product would be some other, valid-looking size.
+        if (disk_mib_ > max_disk_mib)
+            throw Error(fmt::format("--disk-size {} MiB is out of range: at most {} MiB", disk_mib_, max_disk_mib));
         config.disk_bytes = disk_mib_ * layout::mib;
         check_disk_size(config);
     }

@@ -59,6 +59,7 @@ def own_statuses():
         (["--max-output", "1", "--", "echo", "hello"], 0, b"cut at 1 bytes"),
         (["--disk-size", "16", "--", "true"], 125, b"smaller than the root filesystem image"),
         (["--disk-size", str(1 << 40), "--", "true"], 125, b"where the disk's overlay lives"),
+        (["--disk-size", str((1 << 44) + 700), "--", "true"], 125, b"out of range"),
         (["--guest-pids", "0", "--", "true"], 125, b"--guest-pids"),
     ]
     for args, code, message in cases:
