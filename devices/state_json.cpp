@@ -131,6 +131,16 @@ public:
         return as_uint<T>(at(key), path(key));
     }
 
+    // null for none.
+    template <typename T>
+    std::optional<T> optional_uint(std::string_view key)
+    {
+        const json& v = at(key);
+        if (v.is_null())
+            return std::nullopt;
+        return as_uint<T>(v, path(key));
+    }
+
     bool boolean(std::string_view key)
     {
         const json& v = at(key);
@@ -500,6 +510,7 @@ void to_json(json& j, const VirtioVsock::State& s)
         {"connections", std::move(connections)},
         {"control", std::move(control)},
         {"event_pending", s.event_pending},
+        {"reset_avail", s.reset_avail ? json(*s.reset_avail) : json(nullptr)},
     };
 }
 
@@ -644,6 +655,7 @@ VirtioVsock::State state_from_json<VirtioVsock::State>(const json& j, std::strin
     for (size_t i = 0; i < control.size(); ++i)
         s.control.push_back(parse_control(control[i], element(control_path, i)));
     s.event_pending = f.boolean("event_pending");
+    s.reset_avail = f.optional_uint<uint16_t>("reset_avail");
     f.done();
 
     // restore() checks the CID, the counts, that connections are sorted and unique, and that

@@ -178,6 +178,7 @@ void VirtioVsock::reset()
     }
     control_.clear();
     event_pending_ = false;
+    reset_avail_.reset();
     auto old = std::move(conns_);
     conns_.clear();
     for (const auto& [id, conn] : old)
@@ -471,8 +472,22 @@ bool VirtioVsock::deliverable(const Connection& conn) const
     return s.local_shutdown != 0 && !s.shutdown_sent;
 }
 
+bool VirtioVsock::awaiting_reset()
+{
+    if (event_pending_)
+        return true;
+    if (!reset_avail_)
+        return false;
+    if (ctx_.queues[event_queue].avail_idx(*ctx_.mem) == *reset_avail_)
+        return true;
+    reset_avail_.reset();
+    return false;
+}
+
 void VirtioVsock::deliver_rx()
 {
+    if (awaiting_reset())
+        return;
     Virtqueue& queue = ctx_.queues[rx_queue];
     const GuestMemory& mem = *ctx_.mem;
     for (;;) {
@@ -622,6 +637,8 @@ void VirtioVsock::deliver_events()
         }
         std::array<uint8_t, sizeof(ev)> raw{};
         std::memcpy(raw.data(), &ev, raw.size());
+        // Before the guest can see the event: its refill afterwards must notify us.
+        reset_avail_ = queue.notify_on_next_buffer(mem);
         mark_used(event_queue, chain->head, static_cast<uint32_t>(scatter(mem, *chain, 0, raw)));
         event_pending_ = false;
     }
@@ -716,6 +733,7 @@ void VirtioVsock::send_transport_reset()
 {
     std::lock_guard lock(mutex());
     event_pending_ = true;
+    reset_avail_.reset();
     control_.clear();
     auto old = std::move(conns_);
     conns_.clear();
@@ -744,6 +762,7 @@ VirtioVsock::State VirtioVsock::save() const
     State st;
     st.guest_cid = guest_cid_;
     st.event_pending = event_pending_;
+    st.reset_avail = reset_avail_;
     for (const auto& [id, conn] : conns_) {
         ConnectionState cs = conn.s;
         cs.pending.clear();
@@ -789,6 +808,8 @@ void VirtioVsock::restore(const State& state)
         if (update_queued != c.credit_update_queued)
             fail(where + ": credit update flag does not match the reply queue");
     }
+    if (state.event_pending && state.reset_avail)
+        fail("a transport reset both pending and awaiting the guest");
     for (const auto& q : state.control) {
         if (!known_op(q.op) || (q.flags & ~shutdown_mask) != 0)
             fail(fmt::format("bad queued reply op {} flags {:#x}", q.op, q.flags));
@@ -798,6 +819,7 @@ void VirtioVsock::restore(const State& state)
 
     guest_cid_ = state.guest_cid;
     event_pending_ = state.event_pending;
+    reset_avail_ = state.reset_avail;
     control_.assign(state.control.begin(), state.control.end());
     conns_.clear();
     for (const auto& c : state.connections) {

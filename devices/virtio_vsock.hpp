@@ -50,6 +50,7 @@
 #include <cstdint>
 #include <deque>
 #include <map>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -180,6 +181,7 @@ public:
         std::vector<ConnectionState> connections;  // sorted by id
         std::vector<ControlState> control;          // in delivery order
         bool event_pending = false;
+        std::optional<uint16_t> reset_avail;  // see reset_avail_
 
         bool operator==(const State&) const = default;
     };
@@ -220,6 +222,8 @@ public:
     void reset(VsockConnId id);
     // Queues VIRTIO_VSOCK_EVENT_TRANSPORT_RESET (the guest then drops its sockets and
     // re-reads guest_cid) and drops every connection (the backend hears on_closed for each).
+    // Nothing goes to the guest's rx queue until it has handled the event, so a connection
+    // opened right after (a restore's first) is not dropped with the old ones.
     void send_transport_reset();
 
     bool has_connection(VsockConnId id) const;
@@ -249,6 +253,7 @@ private:
     bool drain_tx();  // true when it stopped because the control queue is full
     void deliver_rx();
     void deliver_events();
+    bool awaiting_reset();
     void handle_packet(const VsockPacket& pkt);
     void handle_rw(VsockConnId id, Connection& conn, const VsockPacket& pkt);
     void queue_control(VsockConnId id, uint16_t op, uint32_t flags = 0, uint64_t src_cid = vsock_host_cid);
@@ -272,6 +277,10 @@ private:
     std::map<VsockConnId, Connection> conns_;
     std::deque<ControlState> control_;
     bool event_pending_ = false;
+    // The event queue's avail->idx when the transport reset went out. The driver puts the
+    // event's buffer back only after handling it (dropping every socket), so until avail->idx
+    // moves past this, rx waits: a REQUEST the guest took first would be dropped with the rest.
+    std::optional<uint16_t> reset_avail_;
     VsockConnId rr_cursor_{};  // round robin between connections with data
     bool restored_ = false;  // restore() ran and no activate() since: see restore()
     bool pumping_ = false;

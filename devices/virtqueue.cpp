@@ -80,13 +80,21 @@ uint16_t Virtqueue::read_avail_idx(const GuestMemory& mem) const
     return idx;
 }
 
-void Virtqueue::publish_avail_event(const GuestMemory& mem)
+void Virtqueue::publish_avail_event(const GuestMemory& mem, uint16_t event)
 {
     // avail_event sits right after the used ring's entries (§2.7.8).
-    mem.write_obj<uint16_t>(used_addr_ + used_ring_offset + 8ull * size_, next_avail_);
+    mem.write_obj<uint16_t>(used_addr_ + used_ring_offset + 8ull * size_, event);
     // Store avail_event, then load avail->idx: a store→load pair, so it needs a full fence;
     // otherwise the driver could miss our event and we its new buffer.
     std::atomic_thread_fence(std::memory_order_seq_cst);
+}
+
+uint16_t Virtqueue::notify_on_next_buffer(const GuestMemory& mem)
+{
+    const uint16_t idx = read_avail_idx(mem);
+    if (ready_ && event_idx_)
+        publish_avail_event(mem, idx);
+    return idx;
 }
 
 std::optional<DescriptorChain> Virtqueue::pop(const GuestMemory& mem)
@@ -96,7 +104,7 @@ std::optional<DescriptorChain> Virtqueue::pop(const GuestMemory& mem)
 
     uint16_t avail_idx = read_avail_idx(mem);
     if (avail_idx == next_avail_ && event_idx_) {
-        publish_avail_event(mem);
+        publish_avail_event(mem, next_avail_);
         avail_idx = read_avail_idx(mem);
     }
     const auto pending = static_cast<uint16_t>(avail_idx - next_avail_);

@@ -111,6 +111,13 @@ public:
     // (vring_need_event on used_event with event_idx, else VRING_AVAIL_F_NO_INTERRUPT).
     bool should_notify(const GuestMemory& mem);
 
+    // The driver's avail->idx now.
+    uint16_t avail_idx(const GuestMemory& mem) const { return read_avail_idx(mem); }
+    // Asks the driver to notify when it adds its next buffer, however many are still
+    // available (with event_idx: avail_event = avail->idx; without, the driver notifies
+    // anyway). Returns that avail->idx: once avail_idx() differs, the driver has added one.
+    uint16_t notify_on_next_buffer(const GuestMemory& mem);
+
     // Chains popped but not yet returned.
     uint16_t in_flight() const { return static_cast<uint16_t>(next_avail_ - next_used_); }
 
@@ -126,7 +133,7 @@ public:
 
 private:
     uint16_t read_avail_idx(const GuestMemory& mem) const;
-    void publish_avail_event(const GuestMemory& mem);
+    void publish_avail_event(const GuestMemory& mem, uint16_t event);
     DescriptorChain read_chain(const GuestMemory& mem, uint16_t head) const;
     void validate_layout(const GuestMemory& mem) const;  // throws GuestError
 

@@ -86,6 +86,19 @@ GuestMemory::GuestMemory(Fd backing, uint64_t ram_bytes, int map_flags)
         regions_.push_back({layout::mmio_gap_end, ram_bytes - low, low, mapping_ + low});
 }
 
+bool GuestMemory::populate_private(uint64_t first_page, uint64_t count) const
+{
+    const uint64_t pages = ram_size_ / page_size;
+    if (first_page > pages || count > pages - first_page)
+        throw Error(fmt::format("pages [{}, +{}) are outside the {} pages of guest RAM", first_page, count, pages));
+    // The file's pages are contiguous in the mapping, across the MMIO gap too.
+    if (::madvise(mapping_ + first_page * page_size, count * page_size, MADV_POPULATE_WRITE) == 0)
+        return true;
+    if (errno == EINVAL)
+        return false;
+    throw_errno(fmt::format("making guest pages [{}, +{}) private", first_page, count));
+}
+
 uint64_t GuestMemory::save_to(int out_fd) const
 {
     uint64_t written = 0;

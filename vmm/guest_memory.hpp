@@ -47,6 +47,12 @@ public:
     // were never touched or are all zero become holes. Returns the bytes of data written.
     uint64_t save_to(int out_fd) const;
 
+    // Makes pages [first_page, first_page + count) of RAM, numbered as in the backing file, the
+    // process's own copies now (MADV_POPULATE_WRITE), as the guest's first write would. For RAM
+    // mapped from a snapshot. False when the kernel cannot (before Linux 5.14); throws Error
+    // for pages outside RAM or another failure.
+    bool populate_private(uint64_t first_page, uint64_t count) const;
+
     // True when [gpa, gpa+len) lies inside one region (len 0 included, at any in-RAM gpa).
     bool contains(uint64_t gpa, uint64_t len) const noexcept;
 

@@ -114,7 +114,7 @@ constexpr std::array io_loop_ioctls = {
     static_cast<unsigned long>(KVM_IRQ_LINE),
     static_cast<unsigned long>(TCGETS),
 };
-// Saving: every state ioctl vmm/vcpu_state.cpp and vmm/vm_kvm_state.cpp make.
+// Baking: every state ioctl vmm/vcpu_state.cpp and vmm/vm_kvm_state.cpp make.
 constexpr std::array snapshot_ioctls = {
     static_cast<unsigned long>(KVM_CHECK_EXTENSION),
     kvm_abi::get_msr_index_list,
@@ -132,6 +132,9 @@ constexpr std::array snapshot_ioctls = {
     static_cast<unsigned long>(KVM_GET_IRQCHIP),
     static_cast<unsigned long>(KVM_GET_PIT2),
     static_cast<unsigned long>(KVM_GET_CLOCK),
+    // The warm-up calls' dirty log (vmm/warm_pages.hpp).
+    static_cast<unsigned long>(KVM_SET_USER_MEMORY_REGION),
+    static_cast<unsigned long>(KVM_GET_DIRTY_LOG),
 };
 
 const char* role_name(SeccompRole role)

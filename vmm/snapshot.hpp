@@ -28,7 +28,7 @@
 
 namespace agentvm {
 
-inline constexpr int snapshot_format = 2;  // 2: the manifest records disk_bytes
+inline constexpr int snapshot_format = 3;  // 2: the manifest records disk_bytes; 3: vsock reset_avail
 
 struct SnapshotSummary {
     std::string dir;

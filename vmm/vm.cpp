@@ -213,7 +213,18 @@ nlohmann::json Vm::save_state() const
     if (blk_)
         state["blk"] = {{"device", blk_->save()}, {"transport", blk_slot_->transport().save()}};
     state["vsock"] = {{"device", vsock_->save()}, {"transport", vsock_slot_->transport().save()}};
+    state["memory"] = {{"warm_writes", page_runs_to_json(warm_writes_)}};
     return state;
+}
+
+void Vm::start_write_log()
+{
+    WriteLog::start(vm_.get(), mem_);
+}
+
+void Vm::stop_write_log()
+{
+    warm_writes_ = WriteLog::stop(vm_.get(), mem_);
 }
 
 void Vm::save_memory(int fd) const
@@ -259,6 +270,8 @@ void Vm::restore_state(const nlohmann::json& state, int disk_fd)
         blk_transport = state_from_json<VirtioMmioTransport::State>(state.at("blk").at("transport"),
                                                                     "blk.transport");
     }
+    const std::vector<PageRun> warm = page_runs_from_json(state.at("memory").at("warm_writes"),
+                                                          mem_.ram_size() / 4096);
 
     serial_->restore(serial);
     if (blk_) {
@@ -274,6 +287,8 @@ void Vm::restore_state(const nlohmann::json& state, int disk_fd)
     // Each device before its transport (see VirtioVsock::restore).
     vsock_->restore(vsock);
     vsock_slot_->transport().restore(vsock_transport);
+
+    copy_warm_pages(mem_, warm);
 
     // KVM: vCPUs first, then the VM-wide state (see restore_vm_kvm_state for why).
     for (uint32_t i = 0; i < config_.vcpus; ++i) {

@@ -23,6 +23,7 @@
 #include "vmm/kvm.hpp"
 #include "vmm/vcpu.hpp"
 #include "vmm/vm_config.hpp"
+#include "vmm/warm_pages.hpp"
 
 namespace agentvm {
 
@@ -83,6 +84,11 @@ public:
     const GuestMemory& memory() const { return mem_; }
     Vcpu& vcpu(size_t index) { return *vcpus_.at(index); }
 
+    // Baking, on the I/O loop's thread: KVM logs the guest pages the vCPUs write from start
+    // to stop, and save_state() records them as the snapshot's warm pages (vmm/warm_pages.hpp).
+    void start_write_log();
+    void stop_write_log();
+
     // A host connection to the guest's vsock port (see VsockHost::connect_internal). On the
     // I/O loop's thread, or before run().
     Fd connect_vsock(uint32_t port);
@@ -131,6 +137,7 @@ private:
     std::vector<std::thread> threads_;
     std::vector<std::function<void()>> stopping_hooks_;
 
+    std::vector<PageRun> warm_writes_;
     std::atomic<bool> stopping_{false};
     std::mutex result_mutex_;
     std::optional<VmResult> result_;

@@ -38,6 +38,7 @@
 #include "vmm/fd.hpp"
 #include "vmm/guest_memory.hpp"
 #include "vmm/kvm_state_json.hpp"
+#include "vmm/warm_pages.hpp"
 
 using namespace agentvm;
 using namespace agentvm::fuzz;
@@ -149,6 +150,23 @@ void restore_transport(const json& doc, const char* path, Device& device)
     loop().drain();
     MmioDriver(mmio).wr(VIRTIO_MMIO_STATUS, 0);
     loop().drain();
+}
+
+// Runs of pages inside a 64 MiB guest, refused with Error or accepted and written back as read.
+void parse_warm_pages(const json* j)
+{
+    if (!j)
+        return;
+    constexpr uint64_t ram_pages = 64 * 256;
+    std::vector<PageRun> runs;
+    try {
+        runs = page_runs_from_json(*j, ram_pages);
+    } catch (const Error&) {
+        return;
+    }
+    for (const PageRun& run : runs)
+        check(run.count > 0 && run.first + run.count <= ram_pages, "a warm page run outside RAM was accepted");
+    check(page_runs_from_json(page_runs_to_json(runs), ram_pages) == runs, "warm pages -> JSON -> warm pages differs");
 }
 
 void restore_serial(const json* j)
@@ -295,6 +313,7 @@ Seeds make_seeds()
         s.control.push_back({{7, 1001}, VIRTIO_VSOCK_OP_RST, 0, vsock_host_cid});
         doc["vsock"] = {{"device", s}, {"transport", transport}};
     }
+    doc["memory"] = {{"warm_writes", page_runs_to_json({{16, 4}, {100, 1}, {4000, 96}})}};
 
     Seeds seeds;
     seeds.emplace_back("state", encode_cbor(doc));
@@ -309,6 +328,7 @@ Seeds make_seeds()
     state_from_json<VirtioBlk::State>(doc["blk"]["device"], "blk.device");
     vcpu_state_from_json(doc["vcpus"][0]);
     vm_kvm_state_from_json(doc["vm"]);
+    page_runs_from_json(doc["memory"]["warm_writes"], 64 * 256);
     return seeds;
 }
 
@@ -346,6 +366,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size)
     restore_serial(member(doc, "serial"));
     restore_vsock(member(doc, "vsock"));
     restore_blk(member(doc, "blk"));
+    if (const json* memory = member(doc, "memory"))
+        parse_warm_pages(member(*memory, "warm_writes"));
     // The document may also be one device's part alone (the "vsock" seed).
     restore_vsock(&doc);
     return 0;

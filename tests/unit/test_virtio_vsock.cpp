@@ -996,3 +996,27 @@ TEST_CASE_FIXTURE(Rig, "many small sends go out as one packet")
     guest_send(ghdr(VIRTIO_VSOCK_OP_CREDIT_UPDATE, 500, 9));
     CHECK(take_one().payload == expect);
 }
+
+TEST_CASE_FIXTURE(Rig, "after a transport reset, rx waits until the guest has handled it")
+{
+    bring_up();
+    for (int i = 0; i < 4; ++i)
+        chain(2, {{sizeof(virtio_vsock_event), true}});
+    mmio.notify_queue(2);
+    post_rx(2);
+    vsock.send_transport_reset();
+    REQUIRE(used_idx(2) == 1);
+    // avail_event asks for a notify on the driver's next buffer, though three are still posted.
+    CHECK(mem.read_obj<uint16_t>(q[2].used + 4 + 8ull * qsize) == q[2].avail_idx);
+    CHECK(vsock.save().reset_avail == q[2].avail_idx);
+
+    REQUIRE(vsock.connect({1000, 1024}));
+    CHECK(take_rx().empty());  // the REQUEST waits: the guest would drop it with the reset
+    mmio.notify_queue(2);      // a notify without a new buffer is no answer
+    CHECK(take_rx().empty());
+
+    chain(2, {{sizeof(virtio_vsock_event), true}});  // the driver puts the event's buffer back
+    mmio.notify_queue(2);
+    check_reply(take_one(), VIRTIO_VSOCK_OP_REQUEST, 1000, 1024);
+    CHECK_FALSE(vsock.save().reset_avail);
+}
