@@ -28,6 +28,9 @@ namespace {
 
 constexpr uint32_t shutdown_mask = VIRTIO_VSOCK_SHUTDOWN_RCV | VIRTIO_VSOCK_SHUTDOWN_SEND;
 
+// 256 GiB: its written-sector bitmap is 64 MiB, what a snapshot's whole state may be.
+constexpr uint64_t max_snapshot_disk_sectors = 1ull << 29;
+
 [[noreturn]] void fail(std::string_view path, std::string_view why)
 {
     throw Error(fmt::format("snapshot: {}: {}", path, why));
@@ -82,25 +85,27 @@ std::string_view describe(const json& j)
     return "nothing";
 }
 
-template <typename T>
+// path() names the value in a refusal; it is built only then, since a snapshot holds
+// thousands of numbers and restoring one is on every episode's critical path.
+template <typename T, typename Path>
     requires std::unsigned_integral<T> && (!std::same_as<T, bool>)
-T as_uint(const json& v, std::string_view path)
+T as_uint(const json& v, const Path& path)
 {
     constexpr uint64_t max = std::numeric_limits<T>::max();
     if (v.is_number_unsigned()) {
         const auto n = v.get<uint64_t>();
         if (n > max)
-            fail(path, fmt::format("{} is out of range 0..{}", n, max));
+            fail(path(), fmt::format("{} is out of range 0..{}", n, max));
         return static_cast<T>(n);
     }
     if (v.is_number_integer()) {
         // CBOR gives only negative integers this type; JSON built in memory may hold others.
         const auto n = v.get<int64_t>();
         if (n < 0 || static_cast<uint64_t>(n) > max)
-            fail(path, fmt::format("{} is out of range 0..{}", n, max));
+            fail(path(), fmt::format("{} is out of range 0..{}", n, max));
         return static_cast<T>(n);
     }
-    fail(path, fmt::format("expected an unsigned integer, got {}", describe(v)));
+    fail(path(), fmt::format("expected an unsigned integer, got {}", describe(v)));
 }
 
 // One JSON object being decoded. Every field must be there, and done() refuses fields nobody
@@ -128,7 +133,7 @@ public:
     template <typename T>
     T uint(std::string_view key)
     {
-        return as_uint<T>(at(key), path(key));
+        return as_uint<T>(at(key), [&] { return path(key); });
     }
 
     // null for none.
@@ -138,7 +143,7 @@ public:
         const json& v = at(key);
         if (v.is_null())
             return std::nullopt;
-        return as_uint<T>(v, path(key));
+        return as_uint<T>(v, [&] { return path(key); });
     }
 
     bool boolean(std::string_view key)
@@ -489,7 +494,21 @@ void to_json(json& j, const VirtioMmioTransport::State& s)
 
 void to_json(json& j, const CowDisk::State& s)
 {
-    j = {{"capacity_sectors", s.capacity_sectors}, {"written", s.written}};
+    // Runs of written sectors, [[first, count], ...]: a guest writes few places of its disk,
+    // and a number per bitmap word (22 k for the default disk) cost tens of milliseconds to
+    // decode, and to hash, on every restore of an emulated host.
+    json runs = json::array();
+    for (uint64_t sector = 0; sector < s.written.size() * 64;) {
+        if (!(s.written[sector / 64] >> (sector % 64) & 1)) {
+            ++sector;
+            continue;
+        }
+        const uint64_t first = sector;
+        while (sector < s.written.size() * 64 && (s.written[sector / 64] >> (sector % 64) & 1))
+            ++sector;
+        runs.push_back({first, sector - first});
+    }
+    j = {{"capacity_sectors", s.capacity_sectors}, {"written", std::move(runs)}};
 }
 
 void to_json(json& j, const VirtioBlk::State& s)
@@ -619,11 +638,34 @@ CowDisk::State state_from_json<CowDisk::State>(const json& j, std::string_view p
     Fields f(j, path);
     CowDisk::State s;
     s.capacity_sectors = f.uint<uint64_t>("capacity_sectors");
+    // The bitmap is allocated from the capacity, so the capacity is bounded first.
+    if (s.capacity_sectors > max_snapshot_disk_sectors)
+        fail(f.path("capacity_sectors"), fmt::format("{} sectors, more than the {} GiB a snapshot's disk may have",
+                                                     s.capacity_sectors, max_snapshot_disk_sectors >> 21));
+    s.written.assign((s.capacity_sectors + 63) / 64, 0);
     const std::string written_path = f.path("written");
-    const json& written = f.array("written");
-    s.written.reserve(written.size());
-    for (size_t i = 0; i < written.size(); ++i)
-        s.written.push_back(as_uint<uint64_t>(written[i], element(written_path, i)));
+    const json& runs = f.array("written");
+    uint64_t next_free = 0;
+    for (size_t i = 0; i < runs.size(); ++i) {
+        const auto where = [&] { return element(written_path, i); };
+        if (!runs[i].is_array() || runs[i].size() != 2)
+            fail(where(), fmt::format("expected a [first sector, count] pair, got {}", describe(runs[i])));
+        const auto first = as_uint<uint64_t>(runs[i][0], [&] { return where() + "[0]"; });
+        const auto count = as_uint<uint64_t>(runs[i][1], [&] { return where() + "[1]"; });
+        if (count == 0 || first < next_free || first > s.capacity_sectors || count > s.capacity_sectors - first)
+            fail(where(), fmt::format("sectors [{}, +{}) are empty, out of order or past the disk's {}", first, count,
+                                      s.capacity_sectors));
+        next_free = first + count;
+        for (uint64_t sector = first; sector < next_free;) {
+            if (sector % 64 == 0 && next_free - sector >= 64) {
+                s.written[sector / 64] = ~0ull;
+                sector += 64;
+            } else {
+                s.written[sector / 64] |= 1ull << (sector % 64);
+                ++sector;
+            }
+        }
+    }
     f.done();
     // restore() checks the capacity and the bitmap's length against the disk, and that no
     // bit lies past its end.

@@ -688,16 +688,23 @@ TEST_CASE("virtio-blk state: round trip, malformed fields, bad values, corruptio
 
     const json good = state;
     BlkTarget t;
-    CHECK(refusal(t, at(good, "/disk/written/0", -1)) == "snapshot: blk.disk.written[0]: -1 is out of range 0..18446744073709551615");
-    CHECK(refusal(t, at(good, "/disk/written/1", 0.5)) ==
-          "snapshot: blk.disk.written[1]: expected an unsigned integer, got a floating-point number");
-    // restore() checks the bitmap and the capacity against the disk itself.
-    json longer = good;
-    longer["disk"]["written"].push_back(0);
-    CHECK_FALSE(refusal(t, longer).empty());
-    CHECK_FALSE(refusal(t, at(good, "/disk/written", json::array({1}))).empty());
+    // The bitmap is stored as runs of written sectors.
+    CHECK(good["disk"]["written"] == json::parse("[[3,1],[70,2]]"));
+    CHECK(refusal(t, at(good, "/disk/written/0", -1)) ==
+          "snapshot: blk.disk.written[0]: expected a [first sector, count] pair, got an integer");
+    CHECK(refusal(t, at(good, "/disk/written/1", json::array({70, 0.5}))) ==
+          "snapshot: blk.disk.written[1][1]: expected an unsigned integer, got a floating-point number");
+    CHECK(refusal(t, at(good, "/disk/written", json::parse("[[3,1],[3,2]]"))) ==
+          "snapshot: blk.disk.written[1]: sectors [3, +2) are empty, out of order or past the disk's 100");
+    CHECK_FALSE(refusal(t, at(good, "/disk/written", json::parse("[[99,2]]"))).empty());  // past sector 99
+    CHECK_FALSE(refusal(t, at(good, "/disk/written", json::parse("[[5,0]]"))).empty());
+    CHECK(refusal(t, at(good, "/disk/capacity_sectors", 1ull << 40)) ==
+          "snapshot: blk.disk.capacity_sectors: 1099511627776 sectors, more than the 256 GiB a snapshot's disk may have");
+    // restore() checks the capacity against the disk itself.
     CHECK_FALSE(refusal(t, at(good, "/disk/capacity_sectors", 128)).empty());
-    CHECK_FALSE(refusal(t, at(good, "/disk/written/1", (3ull << 6) | (1ull << 40))).empty());  // past sector 99
+    BlkTarget whole;  // a run over whole bitmap words and a part of one
+    CHECK(refusal(whole, at(good, "/disk/written", json::parse("[[0,100]]"))).empty());
+    CHECK(whole.save().disk.written == std::vector<uint64_t>{~0ull, (1ull << 36) - 1});
     CHECK(t.save() == BlkRig().blk.save());  // every refusal left the device as it was
 }
 
