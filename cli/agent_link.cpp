@@ -128,9 +128,9 @@ void AgentLink::read_resume_answer()
     if (read == LineRead::more)
         return;
     if (read == LineRead::closed) {
-        // The transport reset that a restore sends the guest can overtake this connection
-        // and drop it. The guest has handled the reset by now, so connect again at once:
-        // waiting out the refusal interval would cost every restore 5 ms.
+        // The agent took the connection and let it go unanswered (restarting, say): the
+        // listener is there, so try again at once rather than after the refusal interval.
+        // The give-up deadline still bounds the tries.
         spdlog::debug("the restored guest dropped the connection before answering resume");
         socket_.reset();
         attempt();

@@ -28,9 +28,6 @@ namespace {
 
 constexpr uint32_t shutdown_mask = VIRTIO_VSOCK_SHUTDOWN_RCV | VIRTIO_VSOCK_SHUTDOWN_SEND;
 
-// 256 GiB: its written-sector bitmap is 64 MiB, what a snapshot's whole state may be.
-constexpr uint64_t max_snapshot_disk_sectors = 1ull << 29;
-
 [[noreturn]] void fail(std::string_view path, std::string_view why)
 {
     throw Error(fmt::format("snapshot: {}: {}", path, why));
@@ -638,7 +635,6 @@ CowDisk::State state_from_json<CowDisk::State>(const json& j, std::string_view p
     Fields f(j, path);
     CowDisk::State s;
     s.capacity_sectors = f.uint<uint64_t>("capacity_sectors");
-    // The bitmap is allocated from the capacity, so the capacity is bounded first.
     if (s.capacity_sectors > max_snapshot_disk_sectors)
         fail(f.path("capacity_sectors"), fmt::format("{} sectors, more than the {} GiB a snapshot's disk may have",
                                                      s.capacity_sectors, max_snapshot_disk_sectors >> 21));

@@ -20,7 +20,7 @@
 //
 // Layout: one object per State, with the struct's field names as keys. Byte vectors
 // (Serial::State::rx_fifo, ConnectionState::pending) are CBOR byte strings; the CowDisk bitmap
-// is an array of 64-bit words; VsockConnId is {"host_port", "guest_port"}; ConnState is the
+// is the runs of written sectors, [[first, count], ...]; VsockConnId is {"host_port", "guest_port"}; ConnState is the
 // string "connecting" or "established".
 #pragma once
 
@@ -40,6 +40,10 @@
 #include "devices/virtqueue.hpp"
 
 namespace agentvm {
+
+// The largest disk a snapshot may hold, 256 GiB: decoding allocates its written-sector bitmap
+// (64 MiB for this size) from the capacity the state names, so the capacity is bounded.
+inline constexpr uint64_t max_snapshot_disk_sectors = 1ull << 29;
 
 // Encoding, nlohmann's ADL style: `nlohmann::json j = uart.save();`. Never fails.
 void to_json(nlohmann::json& j, const Serial::State& s);

@@ -208,6 +208,9 @@ SnapshotSummary SnapshotWriter::write(const Vm& vm) const
     SnapshotSummary summary;
     summary.dir = target_.string();
     json manifest = manifest_;
+    if (vm.disk_bytes() > max_snapshot_disk_sectors * CowDisk::sector_size)
+        throw Error(fmt::format("a disk of {} GiB cannot be snapshotted: at most {} GiB", vm.disk_bytes() >> 30,
+                                (max_snapshot_disk_sectors * CowDisk::sector_size) >> 30));
     if (vm.disk_bytes() != 0)
         manifest["disk_bytes"] = vm.disk_bytes();
 

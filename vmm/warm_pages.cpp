@@ -3,6 +3,8 @@
 #include <linux/kvm.h>
 #include <sys/ioctl.h>
 
+#include <chrono>
+
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
@@ -91,6 +93,7 @@ std::vector<PageRun> page_runs_from_json(const nlohmann::json& j, uint64_t ram_p
 
 void copy_warm_pages(const GuestMemory& mem, const std::vector<PageRun>& runs)
 {
+    const auto start = std::chrono::steady_clock::now();
     uint64_t pages = 0;
     for (const PageRun& run : runs) {
         if (!mem.populate_private(run.first, run.count)) {
@@ -99,7 +102,8 @@ void copy_warm_pages(const GuestMemory& mem, const std::vector<PageRun>& runs)
         }
         pages += run.count;
     }
-    spdlog::debug("{} warm guest pages ({} runs) copied ahead of the guest's writes", pages, runs.size());
+    spdlog::debug("{} warm guest pages ({} runs) copied ahead of the guest's writes in {:.1f} ms", pages, runs.size(),
+                  std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
 }
 
 } // namespace agentvm
