@@ -25,6 +25,7 @@
 #include "vmm/vcpu.hpp"
 #include "vmm/vcpu_state.hpp"
 #include "vmm/vm_kvm_state.hpp"
+#include "vmm/warm_pages.hpp"
 
 using namespace agentvm;
 using namespace agentvm::test;
@@ -268,4 +269,46 @@ TEST_CASE("a state this KVM cannot load is an Error naming the ioctl")
         CHECK_THROWS_WITH_AS(restore_vcpu_state(kvm, vm.vcpu_fd(), bad),
                              doctest::Contains("KVM_SET_XSAVE"), Error);
     }
+}
+
+TEST_CASE("the write log holds the pages the vCPU wrote, not the VMM's own writes")
+{
+    Kvm kvm;
+    RawVm vm(kvm);
+    boot(kvm, vm, "trace_counter.elf");
+    ResultPorts ports;
+    while (ports.trace().size() < 10)
+        REQUIRE(vm.step(ports) == ExitAction::resume);
+
+    std::vector<uint8_t> before(vm.memory().ram_size());
+    vm.memory().read(0, before);
+    WriteLog::start(vm.vm_fd(), vm.memory());
+    const uint64_t host_page = 0x200;  // 2 MiB: nothing of the guest's is there
+    vm.memory().write_obj<uint64_t>(host_page * 4096, 42);
+    while (ports.trace().size() < 20)
+        REQUIRE(vm.step(ports) == ExitAction::resume);
+    const std::vector<PageRun> runs = WriteLog::stop(vm.vm_fd(), vm.memory());
+
+    std::vector<uint8_t> after(vm.memory().ram_size());
+    vm.memory().read(0, after);
+    std::vector<uint64_t> logged;
+    for (const PageRun& run : runs)
+        for (uint64_t page = run.first; page < run.first + run.count; ++page)
+            logged.push_back(page);
+    CHECK(std::find(logged.begin(), logged.end(), host_page) == logged.end());
+    // Every page whose content the guest changed (its running sum, in .bss) is logged; the
+    // log may hold a few more (the CPU's accessed and dirty bits in its page tables).
+    size_t changed = 0;
+    for (uint64_t page = 0; page < before.size() / 4096; ++page) {
+        if (page == host_page || std::memcmp(&before[page * 4096], &after[page * 4096], 4096) == 0)
+            continue;
+        ++changed;
+        CAPTURE(page);
+        CHECK(std::find(logged.begin(), logged.end(), page) != logged.end());
+    }
+    CHECK(changed >= 1);
+    CHECK(logged.size() < 16);
+    // Logging is off again, and the guest runs on.
+    while (ports.trace().size() < 30)
+        REQUIRE(vm.step(ports) == ExitAction::resume);
 }

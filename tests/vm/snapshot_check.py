@@ -64,6 +64,22 @@ def restore_runs():
            f"its filesystem kept the baked disk's size ({fs_mib} MiB of {DISK_MIB}); --guest-pids 77 set pids.max"
 
 
+def restore_mechanics():
+    """What a restore does before the first call, from its debug log: the bake's warm pages are
+    copied ahead, and the first agent connection survives the vsock transport reset (the device
+    holds it until the guest has handled the reset)."""
+    r = run("--log-level", "debug", "run", "--snapshot", SNAP, "--", "true")
+    expect(r.returncode == 0, f"exit {r.returncode}: {r.stderr[-800:]!r}")
+    log = r.stderr.decode(errors="replace")
+    warm = [line for line in log.splitlines() if "warm guest pages" in line]
+    expect(len(warm) == 1, f"no line about warm pages: {log[-1500:]}")
+    pages = int(warm[0].split("debug: ")[1].split()[0])
+    expect(pages > 0, f"no warm pages copied: {warm[0]}")
+    expect("agent reachable after 1 tries" in log and "dropped the connection" not in log,
+           f"the first connection did not survive the transport reset: {log[-1500:]}")
+    return f"{pages} warm pages copied ahead; the first agent connection was answered"
+
+
 def clones_independent():
     a = Episode(AGENTVM, "--snapshot", SNAP)
     b = Episode(AGENTVM, "--snapshot", SNAP)
@@ -233,7 +249,7 @@ def default_snapshot():
     return "the default snapshot is restored, --cold boots, and a corrupted default warns and boots"
 
 
-CASES = [bake, restore_runs, clones_independent, snapshot_unchanged, hundred_restores, bad_inputs, default_snapshot]
+CASES = [bake, restore_runs, restore_mechanics, clones_independent, snapshot_unchanged, hundred_restores, bad_inputs, default_snapshot]
 
 
 def main():
