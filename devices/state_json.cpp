@@ -489,12 +489,42 @@ void to_json(json& j, const VirtioMmioTransport::State& s)
     };
 }
 
+json runs_to_json(const std::vector<IndexRun>& runs)
+{
+    json j = json::array();
+    for (const IndexRun& run : runs)
+        j.push_back({run.first, run.count});
+    return j;
+}
+
+std::vector<IndexRun> runs_from_json(const json& j, std::string_view path, uint64_t limit, std::string_view unit,
+                                     std::string_view limit_name)
+{
+    if (!j.is_array())
+        fail(path, fmt::format("expected an array, got {}", describe(j)));
+    std::vector<IndexRun> runs;
+    uint64_t next_free = 0;  // where a following run may start
+    for (size_t i = 0; i < j.size(); ++i) {
+        const auto where = [&] { return element(path, i); };
+        if (!j[i].is_array() || j[i].size() != 2)
+            fail(where(), fmt::format("expected a [first {}, count] pair, got {}", unit, describe(j[i])));
+        const auto first = as_uint<uint64_t>(j[i][0], [&] { return where() + "[0]"; });
+        const auto count = as_uint<uint64_t>(j[i][1], [&] { return where() + "[1]"; });
+        if (count == 0 || first < next_free || first > limit || count > limit - first)
+            fail(where(), fmt::format("{}s [{}, +{}) are empty, out of order or past {} {}", unit, first, count,
+                                      limit_name, limit));
+        next_free = first + count;
+        runs.push_back({first, count});
+    }
+    return runs;
+}
+
 void to_json(json& j, const CowDisk::State& s)
 {
     // Runs of written sectors, [[first, count], ...]: a guest writes few places of its disk,
     // and a number per bitmap word (22 k for the default disk) cost tens of milliseconds to
     // decode, and to hash, on every restore of an emulated host.
-    json runs = json::array();
+    std::vector<IndexRun> runs;
     for (uint64_t sector = 0; sector < s.written.size() * 64;) {
         if (!(s.written[sector / 64] >> (sector % 64) & 1)) {
             ++sector;
@@ -505,7 +535,7 @@ void to_json(json& j, const CowDisk::State& s)
             ++sector;
         runs.push_back({first, sector - first});
     }
-    j = {{"capacity_sectors", s.capacity_sectors}, {"written", std::move(runs)}};
+    j = {{"capacity_sectors", s.capacity_sectors}, {"written", runs_to_json(runs)}};
 }
 
 void to_json(json& j, const VirtioBlk::State& s)
@@ -639,20 +669,10 @@ CowDisk::State state_from_json<CowDisk::State>(const json& j, std::string_view p
         fail(f.path("capacity_sectors"), fmt::format("{} sectors, more than the {} GiB a snapshot's disk may have",
                                                      s.capacity_sectors, max_snapshot_disk_sectors >> 21));
     s.written.assign((s.capacity_sectors + 63) / 64, 0);
-    const std::string written_path = f.path("written");
-    const json& runs = f.array("written");
-    uint64_t next_free = 0;
-    for (size_t i = 0; i < runs.size(); ++i) {
-        const auto where = [&] { return element(written_path, i); };
-        if (!runs[i].is_array() || runs[i].size() != 2)
-            fail(where(), fmt::format("expected a [first sector, count] pair, got {}", describe(runs[i])));
-        const auto first = as_uint<uint64_t>(runs[i][0], [&] { return where() + "[0]"; });
-        const auto count = as_uint<uint64_t>(runs[i][1], [&] { return where() + "[1]"; });
-        if (count == 0 || first < next_free || first > s.capacity_sectors || count > s.capacity_sectors - first)
-            fail(where(), fmt::format("sectors [{}, +{}) are empty, out of order or past the disk's {}", first, count,
-                                      s.capacity_sectors));
-        next_free = first + count;
-        for (uint64_t sector = first; sector < next_free;) {
+    for (const IndexRun& run : runs_from_json(f.at("written"), f.path("written"), s.capacity_sectors, "sector",
+                                              "the disk's")) {
+        const uint64_t next_free = run.first + run.count;
+        for (uint64_t sector = run.first; sector < next_free;) {
             if (sector % 64 == 0 && next_free - sector >= 64) {
                 s.written[sector / 64] = ~0ull;
                 sector += 64;

@@ -213,7 +213,7 @@ nlohmann::json Vm::save_state() const
     if (blk_)
         state["blk"] = {{"device", blk_->save()}, {"transport", blk_slot_->transport().save()}};
     state["vsock"] = {{"device", vsock_->save()}, {"transport", vsock_slot_->transport().save()}};
-    state["memory"] = {{"warm_writes", page_runs_to_json(warm_writes_)}};
+    state["memory"] = {{"warm_writes", runs_to_json(warm_writes_)}};
     return state;
 }
 

@@ -5,7 +5,6 @@
 
 #include <chrono>
 
-#include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
 #include "vmm/error.hpp"
@@ -63,32 +62,9 @@ std::vector<PageRun> WriteLog::stop(int vm_fd, const GuestMemory& mem)
     return runs;
 }
 
-nlohmann::json page_runs_to_json(const std::vector<PageRun>& runs)
-{
-    nlohmann::json j = nlohmann::json::array();
-    for (const PageRun& run : runs)
-        j.push_back({run.first, run.count});
-    return j;
-}
-
 std::vector<PageRun> page_runs_from_json(const nlohmann::json& j, uint64_t ram_pages)
 {
-    if (!j.is_array())
-        throw Error("snapshot: memory.warm_writes: expected an array");
-    std::vector<PageRun> runs;
-    uint64_t next_free = 0;  // the first page a following run may start at
-    for (const nlohmann::json& item : j) {
-        if (!item.is_array() || item.size() != 2 || !item[0].is_number_unsigned() || !item[1].is_number_unsigned())
-            throw Error("snapshot: memory.warm_writes: expected [first page, page count] pairs");
-        const PageRun run{item[0].get<uint64_t>(), item[1].get<uint64_t>()};
-        if (run.count == 0 || run.first < next_free || run.first > ram_pages || run.count > ram_pages - run.first)
-            throw Error(fmt::format("snapshot: memory.warm_writes: pages [{}, +{}) are empty, out of order or "
-                                    "outside the {} pages of guest RAM",
-                                    run.first, run.count, ram_pages));
-        next_free = run.first + run.count;
-        runs.push_back(run);
-    }
-    return runs;
+    return runs_from_json(j, "memory.warm_writes", ram_pages, "page", "guest RAM's");
 }
 
 void copy_warm_pages(const GuestMemory& mem, const std::vector<PageRun>& runs)

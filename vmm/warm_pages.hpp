@@ -18,17 +18,13 @@
 
 #include <nlohmann/json.hpp>
 
+#include "devices/state_json.hpp"
 #include "vmm/guest_memory.hpp"
 
 namespace agentvm {
 
 // Pages [first, first + count) of guest RAM, numbered as in the memory file (offset / 4 KiB).
-struct PageRun {
-    uint64_t first = 0;
-    uint64_t count = 0;
-
-    bool operator==(const PageRun&) const = default;
-};
+using PageRun = IndexRun;
 
 // KVM's dirty log on every memslot of a VM: which pages the vCPUs write from start() on.
 // Writes the VMM makes itself (device DMA) are not counted: they copy on write as they happen.
@@ -41,8 +37,7 @@ public:
     static std::vector<PageRun> stop(int vm_fd, const GuestMemory& mem);
 };
 
-nlohmann::json page_runs_to_json(const std::vector<PageRun>& runs);
-// [[first, count], ...]: ascending, not overlapping, count > 0, inside ram_pages. Throws Error.
+// The state's memory.warm_writes (runs_from_json): runs inside ram_pages. Throws Error.
 std::vector<PageRun> page_runs_from_json(const nlohmann::json& j, uint64_t ram_pages);
 
 // Makes the runs' pages of a snapshot-backed `mem` private copies now. Only an optimisation:

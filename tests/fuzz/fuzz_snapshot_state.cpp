@@ -166,7 +166,7 @@ void parse_warm_pages(const json* j)
     }
     for (const PageRun& run : runs)
         check(run.count > 0 && run.first + run.count <= ram_pages, "a warm page run outside RAM was accepted");
-    check(page_runs_from_json(page_runs_to_json(runs), ram_pages) == runs, "warm pages -> JSON -> warm pages differs");
+    check(page_runs_from_json(runs_to_json(runs), ram_pages) == runs, "warm pages -> JSON -> warm pages differs");
 }
 
 void restore_serial(const json* j)
@@ -313,7 +313,7 @@ Seeds make_seeds()
         s.control.push_back({{7, 1001}, VIRTIO_VSOCK_OP_RST, 0, vsock_host_cid});
         doc["vsock"] = {{"device", s}, {"transport", transport}};
     }
-    doc["memory"] = {{"warm_writes", page_runs_to_json({{16, 4}, {100, 1}, {4000, 96}})}};
+    doc["memory"] = {{"warm_writes", runs_to_json({{16, 4}, {100, 1}, {4000, 96}})}};
 
     Seeds seeds;
     seeds.emplace_back("state", encode_cbor(doc));

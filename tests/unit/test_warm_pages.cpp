@@ -40,8 +40,8 @@ bool private_copy(const void* addr)
 TEST_CASE("page runs go to JSON and back; malformed ones are refused")
 {
     const std::vector<PageRun> runs{{0, 3}, {10, 1}, {99, 1}};
-    CHECK(page_runs_to_json(runs) == json::parse("[[0,3],[10,1],[99,1]]"));
-    CHECK(page_runs_from_json(page_runs_to_json(runs), 100) == runs);
+    CHECK(runs_to_json(runs) == json::parse("[[0,3],[10,1],[99,1]]"));
+    CHECK(page_runs_from_json(runs_to_json(runs), 100) == runs);
     CHECK(page_runs_from_json(json::array(), 100).empty());
 
     for (const char* bad : {"{}", "[[1]]", "[[1,2,3]]", "[[-1,2]]", "[[1,\"2\"]]", "[[5,0]]", "[[10,1],[5,1]]",
