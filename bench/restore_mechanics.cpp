@@ -32,9 +32,9 @@
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
-#include "vmm/bus.hpp"
+#include "core/bus.hpp"
 #include "vmm/cgroup.hpp"
-#include "vmm/error.hpp"
+#include "common/error.hpp"
 #include "vmm/jail.hpp"
 #include "vmm/kvm.hpp"
 #include "vmm/snapshot.hpp"

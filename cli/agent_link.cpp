@@ -9,8 +9,8 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
-#include "guest/agent/protocol.hpp"
-#include "vmm/error.hpp"
+#include "protocol/agent_protocol.hpp"
+#include "common/error.hpp"
 
 namespace agentvm {
 namespace {

@@ -7,8 +7,8 @@
 #include <functional>
 #include <string>
 
-#include "vmm/fd.hpp"
-#include "vmm/loop_timer.hpp"
+#include "common/fd.hpp"
+#include "core/loop_timer.hpp"
 #include "vmm/vm.hpp"
 
 namespace agentvm {

@@ -7,7 +7,7 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
-#include "vmm/error.hpp"
+#include "common/error.hpp"
 #include "vmm/host_check.hpp"
 #include "vmm/jail.hpp"
 #include "vmm/snapshot.hpp"

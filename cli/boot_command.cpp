@@ -13,7 +13,7 @@
 #include "cli/supervised.hpp"
 #include "cli/stop_signals.hpp"
 #include "cli/vm_options.hpp"
-#include "vmm/error.hpp"
+#include "common/error.hpp"
 #include "vmm/host_check.hpp"
 #include "vmm/jail.hpp"
 #include "vmm/kvm.hpp"

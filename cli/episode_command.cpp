@@ -13,7 +13,7 @@
 #include "cli/exit_codes.hpp"
 #include "cli/supervised.hpp"
 #include "cli/vm_options.hpp"
-#include "guest/agent/protocol.hpp"
+#include "protocol/agent_protocol.hpp"
 
 namespace agentvm {
 namespace {

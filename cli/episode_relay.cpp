@@ -11,7 +11,7 @@
 #include <spdlog/spdlog.h>
 
 #include "cli/response_summary.hpp"
-#include "guest/agent/protocol.hpp"
+#include "protocol/agent_protocol.hpp"
 
 namespace agentvm {
 namespace {

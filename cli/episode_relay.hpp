@@ -16,8 +16,8 @@
 
 #include "cli/async_writer.hpp"
 #include "cli/line_reader.hpp"
-#include "vmm/fd.hpp"
-#include "vmm/loop_timer.hpp"
+#include "common/fd.hpp"
+#include "core/loop_timer.hpp"
 
 namespace agentvm {
 

@@ -8,8 +8,8 @@
 #include <string>
 #include <string_view>
 
-#include "guest/agent/line_framer.hpp"
-#include "vmm/event_loop.hpp"
+#include "protocol/line_framer.hpp"
+#include "core/event_loop.hpp"
 
 namespace agentvm {
 

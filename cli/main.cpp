@@ -12,7 +12,7 @@
 #include "cli/logging.hpp"
 #include "cli/run_command.hpp"
 #include "cli/snapshot_command.hpp"
-#include "vmm/error.hpp"
+#include "common/error.hpp"
 
 namespace {
 

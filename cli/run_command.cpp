@@ -19,9 +19,9 @@
 #include "cli/supervised.hpp"
 #include "cli/line_reader.hpp"
 #include "cli/vm_options.hpp"
-#include "guest/agent/protocol.hpp"
-#include "vmm/error.hpp"
-#include "vmm/loop_timer.hpp"
+#include "protocol/agent_protocol.hpp"
+#include "common/error.hpp"
+#include "core/loop_timer.hpp"
 
 namespace agentvm {
 namespace {

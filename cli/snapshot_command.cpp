@@ -14,9 +14,9 @@
 #include "cli/exit_codes.hpp"
 #include "cli/supervised.hpp"
 #include "cli/vm_options.hpp"
-#include "guest/agent/protocol.hpp"
-#include "vmm/error.hpp"
-#include "vmm/loop_timer.hpp"
+#include "protocol/agent_protocol.hpp"
+#include "common/error.hpp"
+#include "core/loop_timer.hpp"
 #include "vmm/snapshot.hpp"
 
 namespace agentvm {

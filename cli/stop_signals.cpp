@@ -6,7 +6,7 @@
 
 #include <cstring>
 
-#include "vmm/error.hpp"
+#include "common/error.hpp"
 
 namespace agentvm {
 

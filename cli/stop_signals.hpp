@@ -3,7 +3,7 @@
 // starts, so every vCPU thread inherits the mask and none is picked to run a default handler.
 #pragma once
 
-#include "vmm/fd.hpp"
+#include "common/fd.hpp"
 #include "vmm/vm.hpp"
 
 namespace agentvm {

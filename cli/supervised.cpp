@@ -4,7 +4,7 @@
 
 #include <optional>
 
-#include "vmm/error.hpp"
+#include "common/error.hpp"
 #include "vmm/supervisor.hpp"
 
 namespace agentvm {

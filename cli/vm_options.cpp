@@ -14,9 +14,9 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
-#include "guest/cmdline.hpp"
-#include "vmm/error.hpp"
-#include "vmm/layout.hpp"
+#include "protocol/cmdline.hpp"
+#include "common/error.hpp"
+#include "core/layout.hpp"
 
 namespace agentvm {
 namespace {

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "vmm/cgroup.hpp"
-#include "vmm/fd.hpp"
+#include "common/fd.hpp"
 #include "vmm/jail.hpp"
 #include "vmm/vm_config.hpp"
 

@@ -13,7 +13,7 @@
 #include <memory>
 #include <stdexcept>
 
-#include "vmm/error.hpp"
+#include "common/error.hpp"
 
 namespace agentvm {
 

@@ -23,9 +23,9 @@
 #include <utility>
 #include <vector>
 
-#include "vmm/event_loop.hpp"
-#include "vmm/error.hpp"
-#include "vmm/fd.hpp"
+#include "core/event_loop.hpp"
+#include "common/error.hpp"
+#include "common/fd.hpp"
 
 namespace agentvm {
 

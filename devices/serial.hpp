@@ -28,7 +28,7 @@
 #include <string>
 #include <vector>
 
-#include "vmm/bus.hpp"
+#include "core/bus.hpp"
 
 namespace agentvm {
 

@@ -18,171 +18,16 @@
 
 #include <fmt/format.h>
 
-#include "vmm/error.hpp"
+#include "common/error.hpp"
 
 namespace agentvm {
 
 using nlohmann::json;
+using namespace state_codec;
 
 namespace {
 
 constexpr uint32_t shutdown_mask = VIRTIO_VSOCK_SHUTDOWN_RCV | VIRTIO_VSOCK_SHUTDOWN_SEND;
-
-[[noreturn]] void fail(std::string_view path, std::string_view why)
-{
-    throw Error(fmt::format("snapshot: {}: {}", path, why));
-}
-
-std::string element(std::string_view path, size_t index)
-{
-    return fmt::format("{}[{}]", path, index);
-}
-
-// Text from the file, safe to put in a message: short, anything unusual escaped.
-std::string printable(std::string_view text)
-{
-    constexpr size_t max = 40;
-    std::string out;
-    for (const char c : text.substr(0, max)) {
-        const auto u = static_cast<unsigned char>(c);
-        if (u >= 0x20 && u < 0x7f && c != '"' && c != '\\')
-            out.push_back(c);
-        else
-            out += fmt::format("\\x{:02x}", u);
-    }
-    if (text.size() > max)
-        out += "...";
-    return out;
-}
-
-// Finer than json::type_name(), which calls every number a "number".
-std::string_view describe(const json& j)
-{
-    switch (j.type()) {
-    case json::value_t::null:
-        return "null";
-    case json::value_t::object:
-        return "an object";
-    case json::value_t::array:
-        return "an array";
-    case json::value_t::string:
-        return "a string";
-    case json::value_t::boolean:
-        return "a boolean";
-    case json::value_t::number_integer:
-    case json::value_t::number_unsigned:
-        return "an integer";
-    case json::value_t::number_float:
-        return "a floating-point number";
-    case json::value_t::binary:
-        return "a byte string";
-    case json::value_t::discarded:
-        break;
-    }
-    return "nothing";
-}
-
-// path() names the value in a refusal; it is built only then, since a snapshot holds
-// thousands of numbers and restoring one is on every episode's critical path.
-template <typename T, typename Path>
-    requires std::unsigned_integral<T> && (!std::same_as<T, bool>)
-T as_uint(const json& v, const Path& path)
-{
-    constexpr uint64_t max = std::numeric_limits<T>::max();
-    if (v.is_number_unsigned()) {
-        const auto n = v.get<uint64_t>();
-        if (n > max)
-            fail(path(), fmt::format("{} is out of range 0..{}", n, max));
-        return static_cast<T>(n);
-    }
-    if (v.is_number_integer()) {
-        // CBOR gives only negative integers this type; JSON built in memory may hold others.
-        const auto n = v.get<int64_t>();
-        if (n < 0 || static_cast<uint64_t>(n) > max)
-            fail(path(), fmt::format("{} is out of range 0..{}", n, max));
-        return static_cast<T>(n);
-    }
-    fail(path(), fmt::format("expected an unsigned integer, got {}", describe(v)));
-}
-
-// One JSON object being decoded. Every field must be there, and done() refuses fields nobody
-// read: a corrupted or misspelt key is an error, not an extra to ignore beside a missing one.
-class Fields {
-public:
-    Fields(const json& j, std::string_view path) : j_(j), path_(path)
-    {
-        if (!j.is_object())
-            fail(path_, fmt::format("expected an object, got {}", describe(j)));
-    }
-
-    const std::string& path() const { return path_; }
-    std::string path(std::string_view key) const { return fmt::format("{}.{}", path_, key); }
-
-    const json& at(std::string_view key)
-    {
-        const auto it = j_.find(key);
-        if (it == j_.end())
-            fail(path(key), "missing");
-        read_.push_back(key);
-        return *it;
-    }
-
-    template <typename T>
-    T uint(std::string_view key)
-    {
-        return as_uint<T>(at(key), [&] { return path(key); });
-    }
-
-    // null for none.
-    template <typename T>
-    std::optional<T> optional_uint(std::string_view key)
-    {
-        const json& v = at(key);
-        if (v.is_null())
-            return std::nullopt;
-        return as_uint<T>(v, [&] { return path(key); });
-    }
-
-    bool boolean(std::string_view key)
-    {
-        const json& v = at(key);
-        if (!v.is_boolean())
-            fail(path(key), fmt::format("expected a boolean, got {}", describe(v)));
-        return v.get<bool>();
-    }
-
-    std::vector<uint8_t> bytes(std::string_view key)
-    {
-        const json& v = at(key);
-        if (!v.is_binary())
-            fail(path(key), fmt::format("expected a byte string, got {}", describe(v)));
-        if (v.get_binary().has_subtype())
-            fail(path(key), "a byte string with a subtype, which snapshots do not use");
-        return v.get_binary();
-    }
-
-    const json& array(std::string_view key)
-    {
-        const json& v = at(key);
-        if (!v.is_array())
-            fail(path(key), fmt::format("expected an array, got {}", describe(v)));
-        return v;
-    }
-
-    void done() const
-    {
-        if (read_.size() == j_.size())
-            return;
-        for (auto it = j_.begin(); it != j_.end(); ++it)
-            if (std::find(read_.begin(), read_.end(), it.key()) == read_.end())
-                fail(path_, fmt::format("unknown field \"{}\"", printable(it.key())));
-    }
-
-private:
-    const json& j_;
-    std::string path_;
-    std::vector<std::string_view> read_;
-};
 
 // --- virtio-vsock pieces ------------------------------------------------------------------
 
@@ -342,102 +187,6 @@ VirtioVsock::ControlState parse_control(const json& j, std::string_view path)
     return c;
 }
 
-// --- CBOR ---------------------------------------------------------------------------------
-
-[[noreturn]] void cbor_fail(size_t offset, std::string_view why)
-{
-    throw Error(fmt::format("snapshot: CBOR: at byte {}: {}", offset, why));
-}
-
-// Walks `bytes` as one CBOR item (RFC 8949), without recursion, and refuses what
-// encode_cbor() never writes: indefinite lengths, tags, simple values other than
-// false/true/null, map keys that are not text, duplicate keys, nesting beyond cbor_max_depth,
-// bytes after the item. nlohmann's reader may then recurse: the depth is bounded.
-void check_cbor(std::span<const uint8_t> bytes)
-{
-    struct Open {
-        uint64_t items_left;  // a map counts its keys and values
-        bool map;
-        std::set<std::string_view> keys;
-    };
-    std::vector<Open> open;
-    size_t pos = 0;
-    do {
-        const size_t start = pos;
-        auto take = [&](uint64_t n) {
-            if (n > bytes.size() - pos)
-                cbor_fail(start, "truncated");
-            const size_t at = pos;
-            pos += n;
-            return at;
-        };
-        bool is_key = false;
-        if (!open.empty()) {
-            is_key = open.back().map && open.back().items_left % 2 == 0;
-            --open.back().items_left;
-        }
-
-        const uint8_t initial = bytes[take(1)];
-        const unsigned major = initial >> 5;
-        const unsigned info = initial & 0x1f;
-        uint64_t arg = info;
-        if (info >= 24 && info <= 27) {
-            const size_t n = size_t{1} << (info - 24);
-            const size_t at = take(n);
-            arg = 0;
-            for (size_t i = 0; i < n; ++i)
-                arg = arg << 8 | bytes[at + i];
-        } else if (info == 31) {
-            cbor_fail(start, "indefinite lengths are not accepted");
-        } else if (info > 27) {
-            cbor_fail(start, fmt::format("reserved additional information {}", info));
-        }
-        if (is_key && major != 3)
-            cbor_fail(start, "a map key that is not a text string");
-
-        switch (major) {
-        case 0:  // unsigned and negative integers
-        case 1:
-            break;
-        case 2:  // byte and text strings
-        case 3: {
-            const size_t at = take(arg);
-            if (is_key) {
-                // SAFETY: take() checked that [at, at + arg) lies inside bytes; char may alias.
-                const std::string_view key(reinterpret_cast<const char*>(bytes.data() + at), arg);
-                if (!open.back().keys.insert(key).second)
-                    cbor_fail(start, fmt::format("duplicate key \"{}\"", printable(key)));
-            }
-            break;
-        }
-        case 4:  // arrays and maps
-        case 5: {
-            // Each item takes a byte at least: a larger count is a lie, and bounding it keeps
-            // the doubled map count from overflowing.
-            if (arg > bytes.size() - pos)
-                cbor_fail(start, "truncated");
-            if (open.size() == cbor_max_depth)
-                cbor_fail(start, fmt::format("nested deeper than {} levels", cbor_max_depth));
-            const uint64_t items = major == 5 ? 2 * arg : arg;
-            if (items > 0)
-                open.push_back({items, major == 5, {}});
-            break;
-        }
-        case 6:
-            cbor_fail(start, "tags are not accepted");
-        default:
-            // false, true, null, and half/single/double floats (their bytes were taken above).
-            if (info != 20 && info != 21 && info != 22 && (info < 25 || info > 27))
-                cbor_fail(start, fmt::format("simple value {} is not accepted", info == 24 ? arg : info));
-            break;
-        }
-        while (!open.empty() && open.back().items_left == 0)
-            open.pop_back();
-    } while (!open.empty());
-    if (pos != bytes.size())
-        cbor_fail(pos, "bytes after the end of the item");
-}
-
 } // namespace
 
 // --- encoding -----------------------------------------------------------------------------
@@ -487,36 +236,6 @@ void to_json(json& j, const VirtioMmioTransport::State& s)
         {"config_generation", s.config_generation},
         {"queues", std::move(queues)},
     };
-}
-
-json runs_to_json(const std::vector<IndexRun>& runs)
-{
-    json j = json::array();
-    for (const IndexRun& run : runs)
-        j.push_back({run.first, run.count});
-    return j;
-}
-
-std::vector<IndexRun> runs_from_json(const json& j, std::string_view path, uint64_t limit, std::string_view unit,
-                                     std::string_view limit_name)
-{
-    if (!j.is_array())
-        fail(path, fmt::format("expected an array, got {}", describe(j)));
-    std::vector<IndexRun> runs;
-    uint64_t next_free = 0;  // where a following run may start
-    for (size_t i = 0; i < j.size(); ++i) {
-        const auto where = [&] { return element(path, i); };
-        if (!j[i].is_array() || j[i].size() != 2)
-            fail(where(), fmt::format("expected a [first {}, count] pair, got {}", unit, describe(j[i])));
-        const auto first = as_uint<uint64_t>(j[i][0], [&] { return where() + "[0]"; });
-        const auto count = as_uint<uint64_t>(j[i][1], [&] { return where() + "[1]"; });
-        if (count == 0 || first < next_free || first > limit || count > limit - first)
-            fail(where(), fmt::format("{}s [{}, +{}) are empty, out of order or past {} {}", unit, first, count,
-                                      limit_name, limit));
-        next_free = first + count;
-        runs.push_back({first, count});
-    }
-    return runs;
 }
 
 void to_json(json& j, const CowDisk::State& s)
@@ -745,23 +464,6 @@ VirtioVsock::State state_from_json<VirtioVsock::State>(const json& j, std::strin
                                     q.id.host_port, q.id.guest_port));
     }
     return s;
-}
-
-// --- CBOR ---------------------------------------------------------------------------------
-
-std::vector<uint8_t> encode_cbor(const json& j)
-{
-    return json::to_cbor(j);
-}
-
-json decode_cbor(std::span<const uint8_t> bytes)
-{
-    check_cbor(bytes);
-    try {
-        return json::from_cbor(bytes.begin(), bytes.end(), true, true, json::cbor_tag_handler_t::error);
-    } catch (const json::exception& e) {
-        throw Error(fmt::format("snapshot: CBOR: {}", e.what()));
-    }
 }
 
 } // namespace agentvm

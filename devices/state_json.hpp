@@ -37,6 +37,7 @@
 #include "devices/virtio_blk.hpp"
 #include "devices/virtio_mmio.hpp"
 #include "devices/virtio_vsock.hpp"
+#include "core/state_codec.hpp"
 #include "devices/virtqueue.hpp"
 
 namespace agentvm {
@@ -44,21 +45,6 @@ namespace agentvm {
 // The largest disk a snapshot may hold, 256 GiB: decoding allocates its written-sector bitmap
 // (64 MiB for this size) from the capacity the state names, so the capacity is bounded.
 inline constexpr uint64_t max_snapshot_disk_sectors = 1ull << 29;
-
-// A run of indices [first, first + count): a disk's written sectors, guest RAM's warm pages.
-struct IndexRun {
-    uint64_t first = 0;
-    uint64_t count = 0;
-
-    bool operator==(const IndexRun&) const = default;
-};
-
-// Runs as snapshots store them, [[first, count], ...], and back. Decoding wants them ascending,
-// disjoint, non-empty and below `limit`, and refuses with "snapshot: <path>...", saying
-// "<unit>s [first, +count) are empty, out of order or past <limit_name> <limit>".
-nlohmann::json runs_to_json(const std::vector<IndexRun>& runs);
-std::vector<IndexRun> runs_from_json(const nlohmann::json& j, std::string_view path, uint64_t limit,
-                                     std::string_view unit, std::string_view limit_name);
 
 // Encoding, nlohmann's ADL style: `nlohmann::json j = uart.save();`. Never fails.
 void to_json(nlohmann::json& j, const Serial::State& s);
@@ -86,12 +72,5 @@ template <>
 VirtioBlk::State state_from_json<VirtioBlk::State>(const nlohmann::json& j, std::string_view path);
 template <>
 VirtioVsock::State state_from_json<VirtioVsock::State>(const nlohmann::json& j, std::string_view path);
-
-// Deep enough for any snapshot layout; shallow enough for nlohmann's recursive reader.
-inline constexpr size_t cbor_max_depth = 64;
-
-std::vector<uint8_t> encode_cbor(const nlohmann::json& j);
-// Exactly one CBOR item, nothing after it. Throws Error("snapshot: CBOR: ...").
-nlohmann::json decode_cbor(std::span<const uint8_t> bytes);
 
 } // namespace agentvm

@@ -141,23 +141,10 @@ void VirtioBlk::process_queue(size_t index)
     Virtqueue& queue = ctx_.queues[0];
     const GuestMemory& mem = *ctx_.mem;
     bool used_added = false;
-    for (;;) {
-        try {
-            auto chain = queue.pop(mem);
-            if (!chain)
-                break;
-            handle(queue, *chain, used_added);
-        } catch (const ChainError& e) {
-            guest_warn(warn_, "virtio-blk: malformed chain: {}", e.what());
-            queue.add_used(mem, e.head(), 0);
-            used_added = true;
-        } catch (const GuestError& e) {
-            // The ring itself is unusable; only a device reset recovers it.
-            guest_warn(warn_, "virtio-blk: queue broken, device needs reset: {}", e.what());
-            ctx_.needs_reset();
-            break;
-        }
-    }
+    PopOutcome outcome;
+    while (auto chain = take_chain(queue, ctx_, "virtio-blk", warn_, outcome))
+        handle(queue, *chain, used_added);
+    used_added |= outcome.returned_malformed;
     if (used_added && queue.should_notify(mem))
         ctx_.signal_used();
 }

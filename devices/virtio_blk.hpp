@@ -31,8 +31,8 @@
 #include "devices/cow_disk.hpp"
 #include "devices/virtio_device.hpp"
 #include "devices/virtqueue.hpp"
-#include "vmm/event_loop.hpp"
-#include "vmm/guest_memory.hpp"
+#include "core/event_loop.hpp"
+#include "core/guest_memory.hpp"
 
 namespace agentvm {
 

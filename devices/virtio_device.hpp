@@ -14,7 +14,9 @@
 #include <cstring>
 #include <functional>
 #include <mutex>
+#include <optional>
 #include <span>
+#include <string_view>
 #include <type_traits>
 #include <utility>
 
@@ -22,7 +24,7 @@
 #include <spdlog/spdlog.h>
 
 #include "devices/virtqueue.hpp"
-#include "vmm/guest_memory.hpp"
+#include "core/guest_memory.hpp"
 
 namespace agentvm {
 
@@ -118,6 +120,20 @@ void guest_warn(WarnLimiter& limiter, fmt::format_string<Args...> format, Args&&
     else
         spdlog::warn("{}", message);
 }
+
+// What took_chain() met besides the chain it returns.
+struct PopOutcome {
+    bool returned_malformed = false;  // a malformed chain went back to the driver (used, len 0)
+    bool broken = false;              // the ring is unusable: DEVICE_NEEDS_RESET was set
+};
+
+// The next well-formed chain of `queue`, for a device's queue handler (mutex() held). A
+// malformed chain goes back to the driver unused, with a warning, and the next is tried: one
+// bad request fails alone. A broken ring (Virtqueue::pop's GuestError) warns, sets
+// DEVICE_NEEDS_RESET through ctx and ends the walk: only a reset recovers it. nullopt when
+// the ring is empty or broken; `outcome` says which, and whether used elements were added.
+std::optional<DescriptorChain> take_chain(Virtqueue& queue, const VirtioContext& ctx, std::string_view queue_name,
+                                          WarnLimiter& warn, PopOutcome& outcome);
 
 // Serves a driver's read of `out.size()` bytes at `offset` in a device's config space: the
 // part inside the struct is copied, anything past its end reads as zero.

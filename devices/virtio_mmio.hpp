@@ -27,8 +27,8 @@
 
 #include "devices/virtio_device.hpp"
 #include "devices/virtqueue.hpp"
-#include "vmm/bus.hpp"
-#include "vmm/guest_memory.hpp"
+#include "core/bus.hpp"
+#include "core/guest_memory.hpp"
 
 namespace agentvm {
 

@@ -257,19 +257,10 @@ bool VirtioVsock::drain_tx()
     Virtqueue& queue = ctx_.queues[tx_queue];
     const GuestMemory& mem = *ctx_.mem;
     while (control_.size() < max_pending_control) {
-        std::optional<DescriptorChain> chain;
-        try {
-            chain = queue.pop(mem);
-        } catch (const ChainError& e) {
-            guest_warn(warn_, "virtio-vsock: malformed tx chain: {}", e.what());
-            mark_used(tx_queue, e.head(), 0);
-            continue;
-        } catch (const GuestError& e) {
-            guest_warn(warn_, "virtio-vsock: tx queue broken, device needs reset: {}", e.what());
-            broken_ = true;
-            ctx_.needs_reset();
-            return false;
-        }
+        PopOutcome outcome;
+        const std::optional<DescriptorChain> chain = take_chain(queue, ctx_, "virtio-vsock tx", warn_, outcome);
+        used_added_[tx_queue] |= outcome.returned_malformed;
+        broken_ |= outcome.broken;
         if (!chain)
             return false;
         VsockPacket pkt = parse_vsock_packet(*chain, mem, guest_cid_);
@@ -510,19 +501,10 @@ void VirtioVsock::deliver_rx()
                 return;
         }
 
-        std::optional<DescriptorChain> chain;
-        try {
-            chain = queue.pop(mem);
-        } catch (const ChainError& e) {
-            guest_warn(warn_, "virtio-vsock: malformed rx chain: {}", e.what());
-            mark_used(rx_queue, e.head(), 0);
-            continue;
-        } catch (const GuestError& e) {
-            guest_warn(warn_, "virtio-vsock: rx queue broken, device needs reset: {}", e.what());
-            broken_ = true;
-            ctx_.needs_reset();
-            return;
-        }
+        PopOutcome outcome;
+        const std::optional<DescriptorChain> chain = take_chain(queue, ctx_, "virtio-vsock rx", warn_, outcome);
+        used_added_[rx_queue] |= outcome.returned_malformed;
+        broken_ |= outcome.broken;
         if (!chain)
             return;  // the guest has no buffers; the packet waits
         const uint64_t room = chain_bytes(*chain);
@@ -613,19 +595,10 @@ void VirtioVsock::deliver_events()
     Virtqueue& queue = ctx_.queues[event_queue];
     const GuestMemory& mem = *ctx_.mem;
     while (event_pending_) {
-        std::optional<DescriptorChain> chain;
-        try {
-            chain = queue.pop(mem);
-        } catch (const ChainError& e) {
-            guest_warn(warn_, "virtio-vsock: malformed event chain: {}", e.what());
-            mark_used(event_queue, e.head(), 0);
-            continue;
-        } catch (const GuestError& e) {
-            guest_warn(warn_, "virtio-vsock: event queue broken, device needs reset: {}", e.what());
-            broken_ = true;
-            ctx_.needs_reset();
-            return;
-        }
+        PopOutcome outcome;
+        const std::optional<DescriptorChain> chain = take_chain(queue, ctx_, "virtio-vsock event", warn_, outcome);
+        used_added_[event_queue] |= outcome.returned_malformed;
+        broken_ |= outcome.broken;
         if (!chain)
             return;
         virtio_vsock_event ev{};

@@ -57,7 +57,7 @@
 
 #include "devices/virtio_device.hpp"
 #include "devices/virtqueue.hpp"
-#include "vmm/guest_memory.hpp"
+#include "core/guest_memory.hpp"
 
 namespace agentvm {
 

@@ -18,8 +18,8 @@
 #include <string>
 #include <vector>
 
-#include "vmm/error.hpp"
-#include "vmm/guest_memory.hpp"
+#include "common/error.hpp"
+#include "core/guest_memory.hpp"
 
 namespace agentvm {
 

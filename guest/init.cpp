@@ -16,14 +16,14 @@
 
 #include "guest/agent_service.hpp"
 #include "guest/calls_cgroup.hpp"
-#include "guest/cmdline.hpp"
+#include "protocol/cmdline.hpp"
 #include "guest/console.hpp"
 #include "guest/grow_root.hpp"
 #include "guest/loopback.hpp"
 #include "guest/mounts.hpp"
 #include "guest/power.hpp"
 #include "guest/spawn.hpp"
-#include "vmm/base64.hpp"
+#include "common/base64.hpp"
 
 namespace agentvm {
 

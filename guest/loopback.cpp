@@ -7,7 +7,7 @@
 #include <cstring>
 
 #include "guest/console.hpp"
-#include "vmm/fd.hpp"
+#include "common/fd.hpp"
 
 namespace agentvm {
 

@@ -13,9 +13,9 @@
 
 #include <fmt/format.h>
 
-#include "vmm/error.hpp"
-#include "vmm/fd.hpp"
-#include "vmm/layout.hpp"
+#include "common/error.hpp"
+#include "common/fd.hpp"
+#include "core/layout.hpp"
 
 namespace agentvm {
 namespace {

@@ -14,7 +14,7 @@
 #include <string_view>
 #include <vector>
 
-#include "vmm/guest_memory.hpp"
+#include "core/guest_memory.hpp"
 
 namespace agentvm {
 

@@ -20,8 +20,8 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
-#include "vmm/error.hpp"
-#include "vmm/fd.hpp"
+#include "common/error.hpp"
+#include "common/fd.hpp"
 
 namespace agentvm {
 namespace {

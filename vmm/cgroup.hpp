@@ -24,7 +24,7 @@
 #include <string>
 #include <vector>
 
-#include "vmm/fd.hpp"
+#include "common/fd.hpp"
 
 namespace agentvm {
 

@@ -5,7 +5,7 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
-#include "vmm/layout.hpp"
+#include "core/layout.hpp"
 
 namespace agentvm {
 namespace {

@@ -9,7 +9,7 @@
 #include <string>
 #include <variant>
 
-#include "vmm/bus.hpp"
+#include "core/bus.hpp"
 
 namespace agentvm {
 

@@ -1,7 +1,7 @@
 #include <fmt/format.h>
 
-#include "guest/cmdline.hpp"
-#include "vmm/base64.hpp"
+#include "protocol/cmdline.hpp"
+#include "common/base64.hpp"
 #include "vmm/vm_config.hpp"
 
 namespace agentvm {

@@ -21,8 +21,8 @@
 
 #include <fmt/format.h>
 
-#include "vmm/error.hpp"
-#include "vmm/fd.hpp"
+#include "common/error.hpp"
+#include "common/fd.hpp"
 
 namespace agentvm {
 namespace {

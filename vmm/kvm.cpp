@@ -7,7 +7,7 @@
 
 #include <fmt/format.h>
 
-#include "vmm/error.hpp"
+#include "common/error.hpp"
 #include "vmm/kvm_abi.hpp"
 
 namespace agentvm {

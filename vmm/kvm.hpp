@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "vmm/fd.hpp"
+#include "common/fd.hpp"
 
 namespace agentvm {
 

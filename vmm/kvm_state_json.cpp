@@ -11,7 +11,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "vmm/error.hpp"
+#include "common/error.hpp"
 
 namespace agentvm {
 namespace {

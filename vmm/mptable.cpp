@@ -5,8 +5,8 @@
 
 #include <fmt/format.h>
 
-#include "vmm/error.hpp"
-#include "vmm/layout.hpp"
+#include "common/error.hpp"
+#include "core/layout.hpp"
 
 namespace agentvm {
 namespace {

@@ -5,7 +5,7 @@
 
 #include <cstdint>
 
-#include "vmm/guest_memory.hpp"
+#include "core/guest_memory.hpp"
 
 namespace agentvm {
 

@@ -16,9 +16,9 @@
 
 #include "agentvm_config.hpp"
 #include "devices/state_json.hpp"
-#include "vmm/error.hpp"
-#include "vmm/file_digest.hpp"
-#include "vmm/layout.hpp"
+#include "common/error.hpp"
+#include "common/file_digest.hpp"
+#include "core/layout.hpp"
 
 namespace agentvm {
 namespace {

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "vmm/exit.hpp"
-#include "vmm/fd.hpp"
+#include "common/fd.hpp"
 #include "vmm/kvm.hpp"
 
 namespace agentvm {

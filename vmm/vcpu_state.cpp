@@ -9,7 +9,7 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
-#include "vmm/error.hpp"
+#include "common/error.hpp"
 #include "vmm/kvm_abi.hpp"
 
 namespace agentvm {

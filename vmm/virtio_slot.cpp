@@ -11,8 +11,8 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
-#include "vmm/error.hpp"
-#include "vmm/layout.hpp"
+#include "common/error.hpp"
+#include "core/layout.hpp"
 
 namespace agentvm {
 namespace {

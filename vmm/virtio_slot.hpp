@@ -10,10 +10,10 @@
 
 #include "devices/virtio_device.hpp"
 #include "devices/virtio_mmio.hpp"
-#include "vmm/bus.hpp"
-#include "vmm/event_loop.hpp"
-#include "vmm/fd.hpp"
-#include "vmm/guest_memory.hpp"
+#include "core/bus.hpp"
+#include "core/event_loop.hpp"
+#include "common/fd.hpp"
+#include "core/guest_memory.hpp"
 
 namespace agentvm {
 

@@ -14,15 +14,15 @@
 #include "devices/state_json.hpp"
 #include "devices/virtio_blk.hpp"
 #include "devices/virtio_vsock.hpp"
-#include "guest/cmdline.hpp"
+#include "protocol/cmdline.hpp"
 #include "vmm/boot.hpp"
 #include "vmm/cpuid.hpp"
-#include "vmm/error.hpp"
-#include "vmm/layout.hpp"
+#include "common/error.hpp"
+#include "core/layout.hpp"
 #include "vmm/mptable.hpp"
 #include "vmm/seccomp.hpp"
 #include "vmm/kvm_state_json.hpp"
-#include "vmm/sparse_copy.hpp"
+#include "common/sparse_copy.hpp"
 #include "vmm/vcpu_state.hpp"
 #include "vmm/virtio_slot.hpp"
 #include "vmm/vm_kvm_state.hpp"
@@ -213,7 +213,7 @@ nlohmann::json Vm::save_state() const
     if (blk_)
         state["blk"] = {{"device", blk_->save()}, {"transport", blk_slot_->transport().save()}};
     state["vsock"] = {{"device", vsock_->save()}, {"transport", vsock_slot_->transport().save()}};
-    state["memory"] = {{"warm_writes", runs_to_json(warm_writes_)}};
+    state["memory"] = {{"warm_writes", state_codec::runs_to_json(warm_writes_)}};
     return state;
 }
 

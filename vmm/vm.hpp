@@ -16,10 +16,10 @@
 #include <nlohmann/json.hpp>
 
 #include "vmm/boot.hpp"
-#include "vmm/bus.hpp"
-#include "vmm/event_loop.hpp"
-#include "vmm/fd.hpp"
-#include "vmm/guest_memory.hpp"
+#include "core/bus.hpp"
+#include "core/event_loop.hpp"
+#include "common/fd.hpp"
+#include "core/guest_memory.hpp"
 #include "vmm/kvm.hpp"
 #include "vmm/vcpu.hpp"
 #include "vmm/vm_config.hpp"

@@ -5,7 +5,7 @@
 #include <optional>
 #include <string>
 
-#include "guest/cmdline.hpp"
+#include "protocol/cmdline.hpp"
 #include "vmm/seccomp.hpp"
 
 namespace agentvm {

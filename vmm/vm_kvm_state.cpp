@@ -2,7 +2,7 @@
 
 #include <sys/ioctl.h>
 
-#include "vmm/error.hpp"
+#include "common/error.hpp"
 
 namespace agentvm {
 namespace {

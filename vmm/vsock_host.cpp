@@ -17,7 +17,7 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
-#include "vmm/error.hpp"
+#include "common/error.hpp"
 
 namespace agentvm {
 namespace {

@@ -26,9 +26,9 @@
 #include <vector>
 
 #include "devices/virtio_vsock.hpp"
-#include "vmm/event_loop.hpp"
-#include "vmm/fd.hpp"
-#include "vmm/loop_timer.hpp"
+#include "core/event_loop.hpp"
+#include "common/fd.hpp"
+#include "core/loop_timer.hpp"
 
 namespace agentvm {
 

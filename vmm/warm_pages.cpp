@@ -7,7 +7,7 @@
 
 #include <spdlog/spdlog.h>
 
-#include "vmm/error.hpp"
+#include "common/error.hpp"
 
 namespace agentvm {
 
@@ -64,7 +64,7 @@ std::vector<PageRun> WriteLog::stop(int vm_fd, const GuestMemory& mem)
 
 std::vector<PageRun> page_runs_from_json(const nlohmann::json& j, uint64_t ram_pages)
 {
-    return runs_from_json(j, "memory.warm_writes", ram_pages, "page", "guest RAM's");
+    return state_codec::runs_from_json(j, "memory.warm_writes", ram_pages, "page", "guest RAM's");
 }
 
 void copy_warm_pages(const GuestMemory& mem, const std::vector<PageRun>& runs)

@@ -18,8 +18,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "devices/state_json.hpp"
-#include "vmm/guest_memory.hpp"
+#include "core/state_codec.hpp"
+#include "core/guest_memory.hpp"
 
 namespace agentvm {
 

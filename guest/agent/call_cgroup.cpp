@@ -10,8 +10,8 @@
 #include <mutex>
 #include <vector>
 
-#include "guest/agent/protocol.hpp"
-#include "vmm/error.hpp"
+#include "protocol/agent_protocol.hpp"
+#include "common/error.hpp"
 
 namespace agentvm {
 namespace {

@@ -10,7 +10,7 @@
 #include <optional>
 #include <string>
 
-#include "vmm/fd.hpp"
+#include "common/fd.hpp"
 
 namespace agentvm {
 

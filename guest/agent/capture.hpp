@@ -7,8 +7,8 @@
 #include <string>
 
 #include "guest/agent/outbox.hpp"
-#include "guest/agent/protocol.hpp"
-#include "vmm/fd.hpp"
+#include "protocol/agent_protocol.hpp"
+#include "common/fd.hpp"
 
 namespace agentvm {
 

@@ -12,7 +12,7 @@
 #include <string_view>
 
 #include "guest/agent/call_cgroup.hpp"
-#include "vmm/fd.hpp"
+#include "common/fd.hpp"
 
 namespace agentvm {
 

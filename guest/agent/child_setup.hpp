@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "guest/agent/protocol.hpp"
+#include "protocol/agent_protocol.hpp"
 
 namespace agentvm {
 

@@ -11,9 +11,9 @@
 
 #include "guest/agent/exec.hpp"
 #include "guest/agent/files.hpp"
-#include "guest/agent/line_framer.hpp"
+#include "protocol/line_framer.hpp"
 #include "guest/agent/resume.hpp"
-#include "vmm/error.hpp"
+#include "common/error.hpp"
 
 namespace agentvm {
 

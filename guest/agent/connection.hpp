@@ -12,9 +12,9 @@
 #include <string>
 
 #include "guest/agent/outbox.hpp"
-#include "guest/agent/protocol.hpp"
+#include "protocol/agent_protocol.hpp"
 #include "guest/agent/shell.hpp"
-#include "vmm/fd.hpp"
+#include "common/fd.hpp"
 
 namespace agentvm {
 

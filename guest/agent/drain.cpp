@@ -7,7 +7,7 @@
 #include <cerrno>
 #include <cmath>
 
-#include "vmm/error.hpp"
+#include "common/error.hpp"
 
 namespace agentvm {
 namespace {

@@ -13,7 +13,7 @@
 #include "guest/agent/call_cgroup.hpp"
 #include "guest/agent/capture.hpp"
 #include "guest/agent/outbox.hpp"
-#include "guest/agent/protocol.hpp"
+#include "protocol/agent_protocol.hpp"
 
 namespace agentvm {
 

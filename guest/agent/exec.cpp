@@ -17,8 +17,8 @@
 #include "guest/agent/capture.hpp"
 #include "guest/agent/child_setup.hpp"
 #include "guest/agent/drain.hpp"
-#include "vmm/error.hpp"
-#include "vmm/fd.hpp"
+#include "common/error.hpp"
+#include "common/fd.hpp"
 
 namespace agentvm {
 

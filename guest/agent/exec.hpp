@@ -4,7 +4,7 @@
 #pragma once
 
 #include "guest/agent/outbox.hpp"
-#include "guest/agent/protocol.hpp"
+#include "protocol/agent_protocol.hpp"
 
 namespace agentvm {
 

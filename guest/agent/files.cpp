@@ -7,8 +7,8 @@
 #include <cerrno>
 #include <cstring>
 
-#include "vmm/base64.hpp"
-#include "vmm/fd.hpp"
+#include "common/base64.hpp"
+#include "common/fd.hpp"
 
 namespace agentvm {
 

@@ -10,7 +10,7 @@
 #include <charconv>
 #include <cstring>
 
-#include "vmm/error.hpp"
+#include "common/error.hpp"
 
 namespace agentvm {
 

@@ -6,7 +6,7 @@
 #include <string>
 #include <string_view>
 
-#include "vmm/fd.hpp"
+#include "common/fd.hpp"
 
 namespace agentvm {
 

@@ -19,7 +19,7 @@
 #include "guest/agent/child_setup.hpp"
 #include "guest/agent/connection.hpp"
 #include "guest/agent/listen_address.hpp"
-#include "vmm/error.hpp"
+#include "common/error.hpp"
 
 namespace agentvm {
 

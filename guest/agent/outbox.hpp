@@ -13,7 +13,7 @@
 #include <thread>
 #include <variant>
 
-#include "guest/agent/protocol.hpp"
+#include "protocol/agent_protocol.hpp"
 
 namespace agentvm {
 

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "guest/agent/call_cgroup.hpp"
-#include "vmm/fd.hpp"
+#include "common/fd.hpp"
 
 namespace agentvm {
 namespace {

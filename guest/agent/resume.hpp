@@ -4,7 +4,7 @@
 // the episode's limit on the tool calls' processes, which may not be the baked one.
 #pragma once
 
-#include "guest/agent/protocol.hpp"
+#include "protocol/agent_protocol.hpp"
 
 namespace agentvm {
 

@@ -17,7 +17,7 @@
 #include "guest/agent/capture.hpp"
 #include "guest/agent/child_setup.hpp"
 #include "guest/agent/drain.hpp"
-#include "vmm/error.hpp"
+#include "common/error.hpp"
 
 namespace agentvm {
 

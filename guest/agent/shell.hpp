@@ -20,8 +20,8 @@
 
 #include "guest/agent/call_cgroup.hpp"
 #include "guest/agent/outbox.hpp"
-#include "guest/agent/protocol.hpp"
-#include "vmm/fd.hpp"
+#include "protocol/agent_protocol.hpp"
+#include "common/fd.hpp"
 
 namespace agentvm {
 

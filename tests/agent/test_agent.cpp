@@ -25,8 +25,8 @@
 #include <thread>
 #include <vector>
 
-#include "vmm/base64.hpp"
-#include "guest/agent/protocol.hpp"
+#include "common/base64.hpp"
+#include "protocol/agent_protocol.hpp"
 
 using namespace agentvm;
 using Clock = std::chrono::steady_clock;

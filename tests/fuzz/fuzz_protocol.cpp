@@ -23,10 +23,10 @@
 
 #include "cli/episode_relay.hpp"
 #include "cli/response_summary.hpp"
-#include "guest/agent/protocol.hpp"
+#include "protocol/agent_protocol.hpp"
 #include "tests/fuzz/fuzz_support.hpp"
-#include "vmm/event_loop.hpp"
-#include "vmm/fd.hpp"
+#include "core/event_loop.hpp"
+#include "common/fd.hpp"
 
 using namespace agentvm;
 using namespace agentvm::fuzz;

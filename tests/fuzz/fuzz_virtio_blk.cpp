@@ -25,10 +25,10 @@
 #include "devices/virtio_mmio.hpp"
 #include "tests/fuzz/fuzz_support.hpp"
 #include "tests/support/mmio_driver.hpp"
-#include "vmm/error.hpp"
-#include "vmm/event_loop.hpp"
-#include "vmm/fd.hpp"
-#include "vmm/guest_memory.hpp"
+#include "common/error.hpp"
+#include "core/event_loop.hpp"
+#include "common/fd.hpp"
+#include "core/guest_memory.hpp"
 
 using namespace agentvm;
 using namespace agentvm::fuzz;

@@ -17,8 +17,8 @@
 
 #include "devices/virtqueue.hpp"
 #include "tests/fuzz/fuzz_support.hpp"
-#include "vmm/error.hpp"
-#include "vmm/guest_memory.hpp"
+#include "common/error.hpp"
+#include "core/guest_memory.hpp"
 
 using namespace agentvm;
 using namespace agentvm::fuzz;

@@ -27,8 +27,8 @@
 #include "devices/virtio_vsock.hpp"
 #include "tests/fuzz/fuzz_support.hpp"
 #include "tests/support/mmio_driver.hpp"
-#include "vmm/error.hpp"
-#include "vmm/guest_memory.hpp"
+#include "common/error.hpp"
+#include "core/guest_memory.hpp"
 
 using namespace agentvm;
 using namespace agentvm::fuzz;

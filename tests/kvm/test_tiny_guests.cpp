@@ -13,7 +13,7 @@
 #include "tests/kvm/tiny_guest.hpp"
 #include "tests/support/disk_image.hpp"
 #include "vmm/kvm.hpp"
-#include "vmm/layout.hpp"
+#include "core/layout.hpp"
 
 using namespace agentvm;
 using namespace agentvm::test;

@@ -11,8 +11,8 @@
 #include <string>
 #include <vector>
 
-#include "vmm/bus.hpp"
-#include "vmm/fd.hpp"
+#include "core/bus.hpp"
+#include "common/fd.hpp"
 #include "vmm/vm.hpp"
 
 namespace agentvm::test {

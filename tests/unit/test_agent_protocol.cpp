@@ -5,12 +5,12 @@
 #include <string>
 #include <vector>
 
-#include "vmm/base64.hpp"
-#include "guest/agent/line_framer.hpp"
+#include "common/base64.hpp"
+#include "protocol/line_framer.hpp"
 #include "guest/agent/listen_address.hpp"
-#include "guest/agent/protocol.hpp"
-#include "guest/agent/utf8.hpp"
-#include "vmm/error.hpp"
+#include "protocol/agent_protocol.hpp"
+#include "protocol/utf8.hpp"
+#include "common/error.hpp"
 
 using namespace agentvm;
 
@@ -89,6 +89,16 @@ TEST_CASE("base64 rejects malformed input")
 {
     for (const char* bad : {"Z", "Zm9", "Zm9v\n", "Zm 9", "Z===", "=Zm9", "Zg==Zm9v", "Zm-_", "Zm9v====", "Z=g="})
         CHECK_MESSAGE(!base64_decode(bad), bad);
+}
+
+TEST_CASE("base64 refuses non-canonical spellings: one value, one text")
+{
+    // Bits after the last byte that are not zero ("Zg==" and "Zm8=" are canonical), and
+    // whitespace that a lenient decoder skips.
+    for (const char* bad : {"Zh==", "Zm9=", " Zm9", "Zm9v\n\n\n\n", "Zm\t9v   "})
+        CHECK_MESSAGE(!base64_decode(bad), bad);
+    CHECK(base64_decode("Zg==") == std::optional<std::string>("f"));
+    CHECK(base64_decode("Zm8=") == std::optional<std::string>("fo"));
 }
 
 TEST_CASE("UTF-8 validation follows RFC 3629")

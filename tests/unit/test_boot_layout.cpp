@@ -6,8 +6,8 @@
 #include <vector>
 
 #include "vmm/boot.hpp"
-#include "vmm/error.hpp"
-#include "vmm/layout.hpp"
+#include "common/error.hpp"
+#include "core/layout.hpp"
 #include "vmm/vm_config.hpp"
 
 using namespace agentvm;

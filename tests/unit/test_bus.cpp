@@ -3,8 +3,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "vmm/bus.hpp"
-#include "vmm/error.hpp"
+#include "core/bus.hpp"
+#include "common/error.hpp"
 
 using namespace agentvm;
 

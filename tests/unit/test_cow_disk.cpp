@@ -15,7 +15,7 @@
 
 #include "devices/cow_disk.hpp"
 #include "tests/support/disk_image.hpp"
-#include "vmm/event_loop.hpp"
+#include "core/event_loop.hpp"
 
 using namespace agentvm;
 using namespace agentvm::test;

@@ -16,9 +16,9 @@
 
 #include "cli/episode_relay.hpp"
 #include "cli/response_summary.hpp"
-#include "guest/agent/protocol.hpp"
-#include "vmm/error.hpp"
-#include "vmm/fd.hpp"
+#include "protocol/agent_protocol.hpp"
+#include "common/error.hpp"
+#include "common/fd.hpp"
 
 using namespace agentvm;
 using namespace std::chrono_literals;

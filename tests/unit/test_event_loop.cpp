@@ -15,9 +15,9 @@
 #include <thread>
 #include <vector>
 
-#include "vmm/error.hpp"
-#include "vmm/event_loop.hpp"
-#include "vmm/fd.hpp"
+#include "common/error.hpp"
+#include "core/event_loop.hpp"
+#include "common/fd.hpp"
 
 using namespace agentvm;
 using namespace std::chrono_literals;

@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "vmm/exit.hpp"
-#include "vmm/layout.hpp"
+#include "core/layout.hpp"
 
 using namespace agentvm;
 

@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "vmm/file_digest.hpp"
-#include "vmm/fd.hpp"
+#include "common/file_digest.hpp"
+#include "common/fd.hpp"
 
 using namespace agentvm;
 

@@ -2,8 +2,8 @@
 // carries agentvm.init_cmd through it.
 #include <doctest/doctest.h>
 
-#include "guest/cmdline.hpp"
-#include "vmm/base64.hpp"
+#include "protocol/cmdline.hpp"
+#include "common/base64.hpp"
 
 using agentvm::base64_decode;
 using agentvm::find_cmdline_param;

@@ -7,8 +7,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "vmm/guest_memory.hpp"
-#include "vmm/layout.hpp"
+#include "core/guest_memory.hpp"
+#include "core/layout.hpp"
 
 using namespace agentvm;
 

@@ -2,8 +2,8 @@
 
 #include <cstring>
 
-#include "vmm/error.hpp"
-#include "vmm/layout.hpp"
+#include "common/error.hpp"
+#include "core/layout.hpp"
 #include "vmm/mptable.hpp"
 
 using namespace agentvm;

@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "devices/serial.hpp"
-#include "vmm/error.hpp"
-#include "vmm/fd.hpp"
+#include "common/error.hpp"
+#include "common/fd.hpp"
 
 using namespace agentvm;
 

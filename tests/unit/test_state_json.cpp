@@ -25,10 +25,10 @@
 #include "devices/state_json.hpp"
 #include "tests/support/disk_image.hpp"
 #include "tests/support/mmio_driver.hpp"
-#include "vmm/error.hpp"
-#include "vmm/event_loop.hpp"
-#include "vmm/guest_memory.hpp"
-#include "vmm/layout.hpp"
+#include "common/error.hpp"
+#include "core/event_loop.hpp"
+#include "core/guest_memory.hpp"
+#include "core/layout.hpp"
 
 using namespace agentvm;
 using namespace agentvm::test;

@@ -9,7 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "vmm/error.hpp"
+#include "common/error.hpp"
 #include "vmm/kvm_state_json.hpp"
 
 using namespace agentvm;

@@ -19,9 +19,9 @@
 #include "devices/virtio_mmio.hpp"
 #include "tests/support/mmio_driver.hpp"
 #include "tests/support/disk_image.hpp"
-#include "vmm/event_loop.hpp"
-#include "vmm/guest_memory.hpp"
-#include "vmm/layout.hpp"
+#include "core/event_loop.hpp"
+#include "core/guest_memory.hpp"
+#include "core/layout.hpp"
 
 using namespace agentvm;
 using namespace agentvm::test;

@@ -18,8 +18,8 @@
 #include "devices/virtio_mmio.hpp"
 #include "tests/support/mmio_driver.hpp"
 #include "devices/virtio_vsock.hpp"
-#include "vmm/guest_memory.hpp"
-#include "vmm/layout.hpp"
+#include "core/guest_memory.hpp"
+#include "core/layout.hpp"
 
 using namespace agentvm;
 using namespace agentvm::test;

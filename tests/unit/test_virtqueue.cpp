@@ -6,8 +6,8 @@
 #include <cstdint>
 
 #include "devices/virtqueue.hpp"
-#include "vmm/guest_memory.hpp"
-#include "vmm/layout.hpp"
+#include "core/guest_memory.hpp"
+#include "core/layout.hpp"
 
 using namespace agentvm;
 

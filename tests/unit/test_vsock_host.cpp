@@ -22,8 +22,8 @@
 #include <vector>
 
 #include "devices/virtio_vsock.hpp"
-#include "vmm/event_loop.hpp"
-#include "vmm/fd.hpp"
+#include "core/event_loop.hpp"
+#include "common/fd.hpp"
 #include "vmm/vsock_host.hpp"
 
 using namespace agentvm;

@@ -6,9 +6,9 @@
 #include <cstdint>
 #include <vector>
 
-#include "vmm/error.hpp"
-#include "vmm/fd.hpp"
-#include "vmm/guest_memory.hpp"
+#include "common/error.hpp"
+#include "common/fd.hpp"
+#include "core/guest_memory.hpp"
 #include "vmm/warm_pages.hpp"
 
 using namespace agentvm;

@@ -1,4 +1,4 @@
-#include "vmm/error.hpp"
+#include "common/error.hpp"
 
 #include <cerrno>
 #include <cstring>

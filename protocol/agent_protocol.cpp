@@ -1,4 +1,4 @@
-#include "guest/agent/protocol.hpp"
+#include "protocol/agent_protocol.hpp"
 
 #include <algorithm>
 #include <array>
@@ -7,9 +7,9 @@
 #include <cstring>
 #include <limits>
 
-#include "guest/agent/utf8.hpp"
-#include "guest/cmdline.hpp"
-#include "vmm/base64.hpp"
+#include "protocol/utf8.hpp"
+#include "protocol/cmdline.hpp"
+#include "common/base64.hpp"
 
 namespace agentvm {
 

@@ -5,8 +5,8 @@
 #include <chrono>
 #include <functional>
 
-#include "vmm/event_loop.hpp"
-#include "vmm/fd.hpp"
+#include "core/event_loop.hpp"
+#include "common/fd.hpp"
 
 namespace agentvm {
 

@@ -13,8 +13,8 @@
 #include <type_traits>
 #include <vector>
 
-#include "vmm/error.hpp"
-#include "vmm/fd.hpp"
+#include "common/error.hpp"
+#include "common/fd.hpp"
 
 namespace agentvm {
 

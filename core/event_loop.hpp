@@ -17,7 +17,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
-#include "vmm/fd.hpp"
+#include "common/fd.hpp"
 
 namespace agentvm {
 

@@ -1,11 +1,11 @@
-#include "vmm/loop_timer.hpp"
+#include "core/loop_timer.hpp"
 
 #include <sys/timerfd.h>
 #include <unistd.h>
 
 #include <cstdint>
 
-#include "vmm/error.hpp"
+#include "common/error.hpp"
 
 namespace agentvm {
 

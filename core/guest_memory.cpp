@@ -1,4 +1,4 @@
-#include "vmm/guest_memory.hpp"
+#include "core/guest_memory.hpp"
 
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -10,7 +10,7 @@
 #include <fmt/format.h>
 #include <utility>
 
-#include "vmm/layout.hpp"
+#include "core/layout.hpp"
 
 namespace agentvm {
 

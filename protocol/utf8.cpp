@@ -1,4 +1,4 @@
-#include "guest/agent/utf8.hpp"
+#include "protocol/utf8.hpp"
 
 #include <cstdint>
 

@@ -1,4 +1,4 @@
-#include "vmm/sparse_copy.hpp"
+#include "common/sparse_copy.hpp"
 
 #include <unistd.h>
 
@@ -8,7 +8,7 @@
 
 #include <fmt/format.h>
 
-#include "vmm/error.hpp"
+#include "common/error.hpp"
 
 namespace agentvm {
 namespace {

@@ -9,7 +9,8 @@
 namespace agentvm {
 
 std::string base64_encode(std::string_view bytes);
-// nullopt unless `text` is canonical padded base64 (no whitespace, length a multiple of 4).
+// nullopt unless `text` is canonical padded base64: no whitespace, padding where and only
+// where needed, zero bits after the last byte. Nettle does the coding.
 std::optional<std::string> base64_decode(std::string_view text);
 
 } // namespace agentvm

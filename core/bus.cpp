@@ -1,10 +1,10 @@
-#include "vmm/bus.hpp"
+#include "core/bus.hpp"
 
 #include <algorithm>
 
 #include <fmt/format.h>
 
-#include "vmm/error.hpp"
+#include "common/error.hpp"
 
 namespace agentvm {
 

@@ -1,4 +1,4 @@
-#include "guest/agent/line_framer.hpp"
+#include "protocol/line_framer.hpp"
 
 #include <utility>
 

@@ -1,4 +1,4 @@
-#include "vmm/file_digest.hpp"
+#include "common/file_digest.hpp"
 
 #include <nettle/sha2.h>
 #include <sys/stat.h>
@@ -11,7 +11,7 @@
 
 #include <fmt/format.h>
 
-#include "vmm/error.hpp"
+#include "common/error.hpp"
 
 namespace agentvm {
 namespace {

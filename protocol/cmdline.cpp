@@ -1,4 +1,4 @@
-#include "guest/cmdline.hpp"
+#include "protocol/cmdline.hpp"
 
 #include <cstdint>
 
