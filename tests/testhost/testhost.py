@@ -14,6 +14,7 @@ import select
 import shlex
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -372,6 +373,52 @@ class _Terminated(Exception):
         self.signum = signum
 
 
+def _stdin_forwarded():
+    """Whether the runner's stdin goes to CMD in L1: not when it is closed, a terminal or
+    /dev/null (then CMD's stdin is /dev/null)."""
+    try:
+        st = os.fstat(0)
+    except OSError:
+        return False
+    if os.isatty(0):
+        return False
+    if stat.S_ISCHR(st.st_mode):
+        try:
+            if st.st_rdev == os.stat(os.devnull).st_rdev:
+                return False
+        except OSError:
+            pass
+    return True
+
+
+def _stream_failures(rundir, received):
+    """What init.sh reported of CMD's stdout/stderr relays against what arrived here:
+    a list of messages, empty when every byte CMD wrote arrived."""
+    try:
+        with open(os.path.join(rundir, "streams"), errors="replace") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return ["no report from the stdout/stderr relays in L1"]
+    report = {}
+    for line in lines:
+        parts = line.split(" ", 3)
+        if len(parts) >= 3:
+            report[parts[0]] = parts[1:]
+    bad = []
+    for name in ("stdout", "stderr"):
+        if name not in report:
+            bad.append(f"{name}: no report from its relay in L1")
+            continue
+        rc, sent = report[name][0], report[name][1]
+        msg = report[name][2].strip() if len(report[name]) > 2 else ""
+        if rc != "0":
+            bad.append(f"{name}: the relay in L1 failed (exit {rc}{': ' + msg if msg else ''});"
+                       f" {received[name]} bytes arrived")
+        elif sent != "-" and (not sent.isdigit() or int(sent) != received[name]):
+            bad.append(f"{name}: L1 sent {sent} bytes to its port, {received[name]} arrived")
+    return bad
+
+
 def run_in_l1(argv, timeout, mem, extra_shares=(), debug=False):
     art = setup()
     tmpbase = tempfile.gettempdir()
@@ -379,6 +426,7 @@ def run_in_l1(argv, timeout, mem, extra_shares=(), debug=False):
     rundir = tempfile.mkdtemp(prefix=f"testhost-run.{os.getpid()}.", dir=tmpbase)
     qemu = None
     out_f = err_f = None
+    in_r = in_w = None
 
     def on_signal(signum, frame):
         raise _Terminated(signum)
@@ -394,6 +442,13 @@ def run_in_l1(argv, timeout, mem, extra_shares=(), debug=False):
                 f.write(f"rw{i} {p}\n")
         for name in ("stdout", "stderr"):
             open(os.path.join(rundir, name), "wb").close()
+        forward_stdin = _stdin_forwarded()
+        if forward_stdin:
+            # QEMU's own stdin is a pipe the runner feeds from its stdin; the "stdio" chardev
+            # passes it to port 3, and its EOF closes the port (EOF for the reader in L1).
+            in_r, in_w = os.pipe()
+            os.set_blocking(in_w, False)
+            open(os.path.join(rundir, "stdin"), "wb").close()  # tells init.sh
         p9 = "local,security_model=none"
         khz = host_tsc_khz()
         args = [
@@ -405,11 +460,16 @@ def run_in_l1(argv, timeout, mem, extra_shares=(), debug=False):
             "-append", "console=ttyS0 panic=-1 mitigations=off rdinit=/init tsc=reliable reboot=t"
             + (f" tsc_early_khz={khz}" if khz else "") + ("" if debug else " quiet"),
             "-serial", "file:" + os.path.join(rundir, "console.log"),
-            "-device", "virtio-serial-device,max_ports=3",
+            "-device", "virtio-serial-device,max_ports=4",
             "-chardev", "file,id=out,path=" + os.path.join(rundir, "stdout"),
             "-device", "virtserialport,chardev=out,nr=1,name=stdout",
             "-chardev", "file,id=err,path=" + os.path.join(rundir, "stderr"),
             "-device", "virtserialport,chardev=err,nr=2,name=stderr",
+        ]
+        if forward_stdin:
+            args += ["-chardev", "stdio,id=in,signal=off",
+                     "-device", "virtserialport,chardev=in,nr=3,name=stdin"]
+        args += [
             "-fsdev", f"{p9},id=run,path={rundir}",
             "-device", "virtio-9p-device,fsdev=run,mount_tag=run",
             "-fsdev", f"{p9},readonly=on,multidevs=remap,id=root,path=/",
@@ -420,25 +480,29 @@ def run_in_l1(argv, timeout, mem, extra_shares=(), debug=False):
                      "-device", f"virtio-9p-device,fsdev=rw{i},mount_tag=rw{i}"]
         qlog = open(os.path.join(rundir, "qemu.log"), "wb")
         t0 = time.monotonic()
-        qemu = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=qlog, stderr=qlog,
-                                preexec_fn=_set_pdeathsig)
+        qemu = subprocess.Popen(args, stdin=in_r if forward_stdin else subprocess.DEVNULL,
+                                stdout=qlog, stderr=qlog, preexec_fn=_set_pdeathsig)
         qlog.close()
+        if in_r is not None:
+            os.close(in_r)
+            in_r = None
         out_f = open(os.path.join(rundir, "stdout"), "rb")
         err_f = open(os.path.join(rundir, "stderr"), "rb")
         pidfd = os.pidfd_open(qemu.pid)
         deadline = t0 + timeout
         started = None
+        received = {"stdout": 0, "stderr": 0}
+        stdin_open = forward_stdin  # runner's stdin not yet at EOF
+        pending = b""               # read from stdin, not yet taken by QEMU
 
         def pump():
-            moved = False
-            for src, dst in ((out_f, 1), (err_f, 2)):
+            for src, dst, name in ((out_f, 1, "stdout"), (err_f, 2, "stderr")):
                 while True:
                     chunk = src.read(1 << 16)
                     if not chunk:
                         break
-                    moved = True
+                    received[name] += len(chunk)
                     _write_all(dst, chunk)
-            return moved
 
         while True:
             now = time.monotonic()
@@ -447,12 +511,37 @@ def run_in_l1(argv, timeout, mem, extra_shares=(), debug=False):
                 pump()
                 log(f"timeout: command did not finish within {timeout:g} s; killed the test host")
                 return EXIT_TIMEOUT
-            r, _, _ = select.select([pidfd], [], [], min(0.05, deadline - now))
+            reading = in_w is not None and stdin_open and not pending
+            rlist = [pidfd, 0] if reading else [pidfd]
+            wlist = [in_w] if in_w is not None and pending else []
+            r, w, _ = select.select(rlist, wlist, [], min(0.05, deadline - now))
+            if reading and 0 in r:
+                try:
+                    chunk = os.read(0, 1 << 16)
+                except (BlockingIOError, InterruptedError):
+                    chunk = None
+                except OSError as e:
+                    log(f"reading stdin failed ({e.strerror}); CMD gets EOF")
+                    chunk = b""
+                if chunk == b"":
+                    stdin_open = False
+                elif chunk:
+                    pending = chunk
+            if in_w is not None and pending and in_w in w:
+                try:
+                    pending = pending[os.write(in_w, pending):]
+                except BlockingIOError:
+                    pass
+                except BrokenPipeError:  # QEMU is gone; the status tells why
+                    pending, stdin_open = b"", False
+            if in_w is not None and not pending and not stdin_open:
+                os.close(in_w)  # EOF for QEMU's stdin: port 3 closes, CMD's stdin ends
+                in_w = None
             pump()
             if debug and started is None and os.path.exists(os.path.join(rundir, "started")):
                 started = time.monotonic()
                 log(f"L1 start -> CMD start: {started - t0:.2f} s")
-            if r:
+            if pidfd in r:
                 break
         qemu.wait()
         os.close(pidfd)
@@ -461,18 +550,18 @@ def run_in_l1(argv, timeout, mem, extra_shares=(), debug=False):
             log(f"L1 start -> exit: {time.monotonic() - t0:.2f} s")
         try:
             with open(os.path.join(rundir, "status")) as f:
-                return int(f.read().strip()) & 0xFF
+                status = int(f.read().strip()) & 0xFF
         except (OSError, ValueError):
             log(f"the test host died before the command finished (qemu exit {qemu.returncode})")
-            for name in ("qemu.log", "console.log"):
-                try:
-                    with open(os.path.join(rundir, name), errors="replace") as f:
-                        tail = f.read()[-3000:]
-                except OSError:
-                    tail = ""
-                if tail.strip():
-                    sys.stderr.write(f"--- {name} (tail) ---\n{tail}\n")
+            _log_tails(rundir)
             return EXIT_L1_FAILED
+        bad = _stream_failures(rundir, received)
+        if bad:
+            for b in bad:
+                log(f"output lost: {b}")
+            log(f"failing with exit {EXIT_L1_FAILED} (the command itself exited {status})")
+            return EXIT_L1_FAILED
+        return status
     except _Terminated as t:
         _kill(qemu)
         log(f"killed by signal {t.signum}; stopped the test host")
@@ -481,6 +570,9 @@ def run_in_l1(argv, timeout, mem, extra_shares=(), debug=False):
         for s in old:
             signal.signal(s, signal.SIG_IGN)
         _kill(qemu)
+        for fd in (in_r, in_w):
+            if fd is not None:
+                os.close(fd)
         for f in (out_f, err_f):
             if f:
                 f.close()
@@ -490,6 +582,17 @@ def run_in_l1(argv, timeout, mem, extra_shares=(), debug=False):
             shutil.rmtree(rundir, ignore_errors=True)
         for s, h in old.items():
             signal.signal(s, h)
+
+
+def _log_tails(rundir):
+    for name in ("qemu.log", "console.log"):
+        try:
+            with open(os.path.join(rundir, name), errors="replace") as f:
+                tail = f.read()[-3000:]
+        except OSError:
+            tail = ""
+        if tail.strip():
+            sys.stderr.write(f"--- {name} (tail) ---\n{tail}\n")
 
 
 def run_direct(argv, timeout):
