@@ -16,7 +16,8 @@
 //                vmm/jail.hpp): a supervised child in its own cgroup and namespaces, locked
 //                down once the VM is built, the I/O loop thread filtered too.
 //
-// /dev/kvm may be PVM: trace_counter takes no interrupt or exception.
+// /dev/kvm may be PVM: trace_counter takes no interrupt or exception. Where a machine has no
+// /dev/kvm, bench/restore-mechanics runs this inside the test host, on its nested KVM.
 #include <algorithm>
 #include <chrono>
 #include <cstdint>

@@ -1,5 +1,6 @@
 // main() for the kvm tier: these tests need a /dev/kvm (any kind, PVM included). Without
-// one they exit 77, which meson reports as skipped, never as passed.
+// one they exit 77, which meson reports as skipped, never as passed. run_tier.py starts them
+// inside the test host when this host has none.
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 

@@ -11,7 +11,12 @@
 
 #define BASE 0xd0000000ull
 #define QSIZE 8
-#define SPIN_LIMIT 2000000
+/* A lost completion must end as a failed step, not a hang, but the device thread must get
+ * its turn first: on a one-CPU host (the test host's L1) it runs only once the spinning vCPU
+ * thread is preempted, and the nested guest spins fast (~2 million spins were too few there).
+ * At ~1 ns a spin this waits seconds on hardware; on PVM (~1 us a spin at CPL0) the test's
+ * own timeout ends a hang first. */
+#define SPIN_LIMIT 4000000000u
 
 static struct vring_desc desc[QSIZE] __attribute__((aligned(16)));
 static struct {
