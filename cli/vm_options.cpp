@@ -5,7 +5,6 @@
 #include <sys/stat.h>
 #include <sys/statfs.h>
 #include <sys/statvfs.h>
-#include <sys/sysinfo.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -17,6 +16,8 @@
 #include "protocol/cmdline.hpp"
 #include "common/error.hpp"
 #include "core/layout.hpp"
+#include "devices/cow_disk.hpp"
+#include "vmm/vm_limits.hpp"
 
 namespace agentvm {
 namespace {
@@ -29,8 +30,7 @@ constexpr uint64_t vmm_minimum_overhead_mib = 64;
 // Threads of one VMM: a vCPU each, the I/O loop, and io_uring's workers for blocking I/O.
 constexpr uint64_t vmm_max_tasks = 512;
 constexpr uint64_t file_size_slack = 64 * layout::mib;
-// CowDisk's own ceiling (2^62 bytes), in MiB.
-constexpr uint64_t max_disk_mib = (uint64_t{1} << 62) / layout::mib;
+constexpr uint64_t max_disk_mib = CowDisk::max_capacity_bytes / layout::mib;
 
 void require_readable_file(const std::string& path, const char* what, const char* flag)
 {
@@ -82,14 +82,6 @@ bool memory_backed(const std::string& dir)
 {
     struct statfs fs {};
     return ::statfs(dir.c_str(), &fs) == 0 && (fs.f_type == TMPFS_MAGIC || fs.f_type == RAMFS_MAGIC);
-}
-
-uint64_t host_ram_bytes()
-{
-    struct sysinfo info {};
-    if (::sysinfo(&info) != 0)
-        throw_errno("sysinfo");
-    return uint64_t{info.totalram} * info.mem_unit;
 }
 
 } // namespace
@@ -175,7 +167,7 @@ VmConfig VmOptions::resolve()
         throw Error("--cpus 0 is out of range: a VM needs at least one vCPU");
     config.vcpus = cpus_;
 
-    const uint64_t host_mib = host_ram_bytes() / layout::mib;
+    const uint64_t host_mib = host_ram_mib();
     if (mem_mib_ == 0 || mem_mib_ > host_mib)
         throw Error(fmt::format("--mem {} MiB is out of range: this host has {} MiB of RAM", mem_mib_,
                                 host_mib));

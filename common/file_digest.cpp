@@ -39,6 +39,22 @@ private:
     sha256_ctx ctx_{};
 };
 
+constexpr uint64_t page = 4096;
+
+// Fixed-size records, (offset, page), so no two contents encode alike; all-zero pages are
+// left out, so holes and written-out zeros hash alike. `at` is page-aligned.
+void hash_pages(Sha256& sha, uint64_t at, const uint8_t* data, size_t len)
+{
+    static const uint8_t zeros[page] = {};
+    for (size_t p = 0; p < len; p += page) {
+        const size_t n = std::min<size_t>(page, len - p);
+        if (std::memcmp(data + p, zeros, n) == 0)
+            continue;
+        sha.update_value(at + p);
+        sha.update(data + p, n);
+    }
+}
+
 } // namespace
 
 std::string sha256_hex(std::span<const uint8_t> bytes)
@@ -50,12 +66,10 @@ std::string sha256_hex(std::span<const uint8_t> bytes)
 
 std::string content_digest(int fd, const std::string& name)
 {
-    constexpr uint64_t page = 4096;
     constexpr uint64_t chunk = 256 * page;
     const FileStamp stamp = file_stamp(fd, name);
     Sha256 sha;
     std::vector<uint8_t> buffer(chunk);
-    const std::vector<uint8_t> zeros(page, 0);
     uint64_t offset = 0;
     while (offset < stamp.size) {
         const off_t data = ::lseek(fd, static_cast<off_t>(offset), SEEK_DATA);
@@ -74,19 +88,20 @@ std::string content_digest(int fd, const std::string& name)
                 continue;
             if (n <= 0)
                 throw_errno(fmt::format("reading '{}'", name), n == 0 ? EIO : errno);
-            // Fixed-size records, (offset, page), so no two contents encode alike.
-            for (size_t p = 0; p < static_cast<size_t>(n); p += page) {
-                const size_t len = std::min<size_t>(page, static_cast<size_t>(n) - p);
-                if (std::memcmp(buffer.data() + p, zeros.data(), len) == 0)
-                    continue;
-                sha.update_value(at + p);
-                sha.update(buffer.data() + p, len);
-            }
+            hash_pages(sha, at, buffer.data(), static_cast<size_t>(n));
             at += static_cast<uint64_t>(n);
         }
         offset = static_cast<uint64_t>(hole);
     }
     sha.update_value(stamp.size);
+    return sha.hex();
+}
+
+std::string content_digest(std::span<const uint8_t> bytes)
+{
+    Sha256 sha;
+    hash_pages(sha, 0, bytes.data(), bytes.size());
+    sha.update_value(uint64_t{bytes.size()});
     return sha.hex();
 }
 

@@ -19,6 +19,9 @@ std::string sha256_hex(std::span<const uint8_t> bytes);
 // 100 MiB of hashing, while a copy that wrote its zeros out still has the same digest, and
 // any changed byte changes it. Throws Error naming `name`.
 std::string content_digest(int fd, const std::string& name);
+// The same digest of a file's content already read into memory: equal to content_digest() of
+// a file holding `bytes`, so a small file can be read once and the bytes checked are the bytes used.
+std::string content_digest(std::span<const uint8_t> bytes);
 
 // What identifies a file's content without reading it: if all of these are unchanged the
 // file has not been written since (ctime cannot be set back by anyone but the kernel).

@@ -117,8 +117,7 @@ CowDisk::CowDisk(Fd base, const std::string& name, const std::string& overlay_di
     if (capacity_bytes < bytes || capacity_bytes % sector_size != 0)
         throw Error(fmt::format("a disk of {} bytes cannot hold its image {} of {} bytes", capacity_bytes, name,
                                 bytes));
-    // Offsets are off_t and results int32: keep the disk well inside both ranges.
-    if (capacity_bytes > (uint64_t{1} << 62))
+    if (capacity_bytes > max_capacity_bytes)
         throw Error(fmt::format("disk {} is too large ({} bytes)", name, capacity_bytes));
     base_sectors_ = bytes / sector_size;
     capacity_sectors_ = capacity_bytes / sector_size;

@@ -32,6 +32,8 @@ namespace agentvm {
 class CowDisk {
 public:
     static constexpr uint64_t sector_size = 512;
+    // Offsets are off_t and results int32: a disk stays well inside both ranges.
+    static constexpr uint64_t max_capacity_bytes = uint64_t{1} << 62;
 
     struct Extent {
         uint64_t sector;

@@ -108,9 +108,8 @@ void append(std::vector<uint8_t>& out, const T& entry)
 
 void write_mptable(const GuestMemory& mem, uint32_t vcpu_count)
 {
-    // APIC IDs are 8 bits and the IOAPIC takes the ID after the last CPU.
-    if (vcpu_count == 0 || vcpu_count > 254)
-        throw Error(fmt::format("MP table supports 1 to 254 vCPUs, not {}", vcpu_count));
+    if (vcpu_count == 0 || vcpu_count > mptable_max_vcpus)
+        throw Error(fmt::format("MP table supports 1 to {} vCPUs, not {}", mptable_max_vcpus, vcpu_count));
     const uint8_t ioapic_id = static_cast<uint8_t>(vcpu_count);
 
     std::vector<uint8_t> entries;

@@ -9,6 +9,9 @@
 
 namespace agentvm {
 
+// APIC IDs are 8 bits, 0xff is the broadcast ID and the IOAPIC takes the ID after the last CPU.
+inline constexpr uint32_t mptable_max_vcpus = 254;
+
 // Throws Error if the table does not fit below the BIOS area.
 void write_mptable(const GuestMemory& mem, uint32_t vcpu_count);
 

@@ -19,6 +19,7 @@
 #include "common/error.hpp"
 #include "common/file_digest.hpp"
 #include "core/layout.hpp"
+#include "vmm/vm_limits.hpp"
 
 namespace agentvm {
 namespace {
@@ -244,23 +245,44 @@ SnapshotSummary SnapshotWriter::write(const Vm& vm) const
 
 namespace {
 
-// The snapshot's own files: the digest must match, checked in full when the stamp says the
-// file changed since the bake (or always, for `always_hash`).
-Fd open_stored(const fs::path& dir, const char* name, const json& record, bool always_hash)
+// A snapshot's own file, opened: its size must be the recorded one.
+Fd open_stored(const fs::path& path, const json& record)
+{
+    Fd fd = open_read(path.string(), "snapshot file");
+    const uint64_t size = file_stamp(fd.get(), path.string()).size;
+    const uint64_t recorded = stamp_from(record.at("stamp")).size;
+    if (size != recorded)
+        throw Error(fmt::format("snapshot file '{}' is {} bytes, the manifest says {}: truncated or replaced",
+                                path.string(), size, recorded));
+    return fd;
+}
+
+void check_digest(const std::string& digest, const fs::path& path, const json& record)
+{
+    if (digest != record.at("digest").get<std::string>())
+        throw Error(fmt::format("snapshot file '{}' is corrupted: its content does not match the manifest's digest",
+                                path.string()));
+}
+
+// state.cbor: read once, and the bytes whose digest is checked are the bytes decoded.
+json read_state(const fs::path& dir, const json& record)
+{
+    const fs::path path = dir / state_name;
+    Fd fd = open_stored(path, record);
+    const std::vector<uint8_t> bytes = read_file_bytes(fd.get(), max_state_bytes, state_name);
+    check_digest(content_digest(bytes), path, record);
+    return decode_cbor(bytes);
+}
+
+// memory and disk: hashed only when their stamp says they were copied or written since the bake
+// (see snapshot.hpp for what that trusts).
+Fd open_large(const fs::path& dir, const char* name, const json& record)
 {
     const fs::path path = dir / name;
-    Fd fd = open_read(path.string(), "snapshot file");
-    const FileStamp now = file_stamp(fd.get(), path.string());
-    const FileStamp then = stamp_from(record.at("stamp"));
-    if (now.size != then.size)
-        throw Error(fmt::format("snapshot file '{}' is {} bytes, the manifest says {}: truncated or replaced",
-                                path.string(), now.size, then.size));
-    if (always_hash || now != then) {
-        if (!always_hash)
-            spdlog::info("snapshot file '{}' changed since the bake; checking its digest", path.string());
-        if (content_digest(fd.get(), path.string()) != record.at("digest").get<std::string>())
-            throw Error(fmt::format("snapshot file '{}' is corrupted: its content does not match the "
-                                    "manifest's digest", path.string()));
+    Fd fd = open_stored(path, record);
+    if (file_stamp(fd.get(), path.string()) != stamp_from(record.at("stamp"))) {
+        spdlog::info("snapshot file '{}' changed since the bake; checking its digest", path.string());
+        check_digest(content_digest(fd.get(), path.string()), path, record);
     }
     return fd;
 }
@@ -299,40 +321,40 @@ LoadedSnapshot load_snapshot(const Kvm& kvm, const std::string& dir, VmConfig co
     const fs::path root(dir);
     Fd manifest_fd = open_read((root / manifest_name).string(), "snapshot manifest");
     const auto manifest_bytes = read_file_bytes(manifest_fd.get(), max_manifest_bytes, manifest_name);
+    const ManifestLimits limits{vcpu_limit(kvm), host_ram_mib(), max_snapshot_disk_sectors * CowDisk::sector_size};
+    SnapshotManifest decoded;
+    try {
+        decoded = decode_manifest(manifest_bytes, limits);
+    } catch (const Error& e) {
+        throw Error(fmt::format("snapshot '{}': {}", dir, e.what()));
+    }
     LoadedSnapshot loaded;
     try {
-        const json manifest = json::parse(manifest_bytes.begin(), manifest_bytes.end());
-        const int format = manifest.at("format").get<int>();
-        if (format != snapshot_format)
-            throw Error(fmt::format("snapshot '{}' has format {}; this agentvm reads format {} only: rebake it",
-                                    dir, format, snapshot_format));
-        const auto vcpus = manifest.at("vcpus").get<uint32_t>();
-        const auto mem_mib = manifest.at("mem_mib").get<uint64_t>();
-        if (config.vcpus != 0 && config.vcpus != vcpus)
-            throw Error(fmt::format("--cpus {}: the snapshot was baked with {} vCPUs", config.vcpus, vcpus));
-        if (config.mem_mib != 0 && config.mem_mib != mem_mib)
-            throw Error(fmt::format("--mem {}: the snapshot was baked with {} MiB", config.mem_mib, mem_mib));
-        config.vcpus = vcpus;
-        config.mem_mib = mem_mib;
+        const json& manifest = decoded.doc;
+        if (config.vcpus != 0 && config.vcpus != decoded.vcpus)
+            throw Error(fmt::format("--cpus {}: the snapshot was baked with {} vCPUs", config.vcpus, decoded.vcpus));
+        if (config.mem_mib != 0 && config.mem_mib != decoded.mem_mib)
+            throw Error(fmt::format("--mem {}: the snapshot was baked with {} MiB", config.mem_mib, decoded.mem_mib));
+        config.vcpus = decoded.vcpus;
+        config.mem_mib = decoded.mem_mib;
         check_input(manifest.at("kernel"), config.kernel_path, "kernel");
         if (manifest.contains("rootfs") != config.rootfs_path.has_value())
             throw Error("the snapshot and this VM disagree on having a root disk");
         if (config.rootfs_path) {
             check_input(manifest.at("rootfs"), *config.rootfs_path, "root filesystem");
-            const auto disk_bytes = manifest.at("disk_bytes").get<uint64_t>();
-            if (config.disk_bytes != 0 && config.disk_bytes != disk_bytes)
+            if (!decoded.disk_bytes)
+                throw Error(fmt::format("snapshot '{}': malformed manifest: a root disk but no disk_bytes", dir));
+            if (config.disk_bytes != 0 && config.disk_bytes != *decoded.disk_bytes)
                 throw Error(fmt::format("--disk-size {} MiB: the snapshot was baked with a disk of {} MiB",
-                                        config.disk_bytes / layout::mib, disk_bytes / layout::mib));
-            config.disk_bytes = disk_bytes;
+                                        config.disk_bytes / layout::mib, *decoded.disk_bytes / layout::mib));
+            config.disk_bytes = *decoded.disk_bytes;
         }
         check_host_cpu(kvm, manifest.at("host_cpu"));
 
         const json& files = manifest.at("files");
-        Fd state_fd = open_stored(root, state_name, files.at(state_name), true);
-        const auto state_bytes = read_file_bytes(state_fd.get(), max_state_bytes, state_name);
-        loaded.data.state = decode_cbor(state_bytes);
-        loaded.data.memory = open_stored(root, memory_name, files.at(memory_name), false);
-        loaded.data.disk = open_stored(root, disk_name, files.at(disk_name), false);
+        loaded.data.state = read_state(root, files.at(state_name));
+        loaded.data.memory = open_large(root, memory_name, files.at(memory_name));
+        loaded.data.disk = open_large(root, disk_name, files.at(disk_name));
     } catch (const json::exception& e) {
         throw Error(fmt::format("snapshot '{}': malformed manifest: {}", dir, e.what()));
     }

@@ -1,7 +1,7 @@
 // A snapshot on disk: a directory holding
 //   manifest.json  what it is: format, agentvm version, vCPUs, memory, disk size, the kernel and rootfs
 //                  it was baked from, the host CPU's features, and each file's size, digest
-//                  and stamp (vmm/file_digest.hpp);
+//                  and stamp (common/file_digest.hpp);
 //   state.cbor     the VM's state document (Vm::save_state) as CBOR;
 //   memory         guest RAM, sparse: zero pages are holes;
 //   disk           the sectors the guest had written to its root disk, sparse, at their offsets.
@@ -9,11 +9,26 @@
 // so a crashed bake leaves no half snapshot under the target's name.
 //
 // Loading checks everything before a VM exists, and names the first problem: a missing or
-// truncated file, a digest that does not match (a flipped byte anywhere), another format
-// version, another kernel or rootfs than recorded, a host CPU without features the snapshot's
-// vCPUs were given. state.cbor is always hashed (it is small); memory and disk only when their
-// stamp differs from the one recorded, i.e. when they were written or copied since the bake,
-// since hashing hundreds of MiB on every restore would cost more than the restore itself.
+// truncated file, a digest that does not match, another format version, a size out of range
+// (vmm/snapshot_manifest.hpp), another kernel or rootfs than recorded, a host CPU without
+// features the snapshot's vCPUs were given.
+//
+// What a restore checks and what it trusts (SECURITY.md, "A malformed or tampered snapshot"):
+// - manifest.json and state.cbor are read once into memory, and what is checked is what is
+//   used: state.cbor's digest is taken of the bytes that are then decoded, on every restore.
+//   The manifest is the root the digests hang on; it has no digest of its own.
+// - memory and disk are hashed only when their stamp differs from the one the manifest records
+//   (device, inode, size, mtime, ctime): a copy has another inode, and a write in place moves
+//   ctime, which only the kernel sets (to the current time), so it cannot be put back. With the stamp
+//   unchanged their content is trusted unread, since hashing hundreds of MiB would cost more than
+//   the restore. A change the stamp does not show goes unnoticed: one beneath the filesystem
+//   (media corruption, writes to the block device), or a write within the same timestamp tick
+//   (a few ms) as the bake's own last one. Even a full hash would not pin memory: it is mapped
+//   MAP_PRIVATE and read as the guest touches it, so a write to the file while clones run shows
+//   in the pages they have not touched yet.
+// The digests catch accidents (a truncated or bit-flipped copy, a file from another snapshot).
+// They do not stop whoever can write the snapshot directory, who can rewrite the manifest's
+// digests and stamps too: the directory must be writable by its owner only.
 #pragma once
 
 #include <cstdint>
@@ -23,12 +38,11 @@
 #include <nlohmann/json.hpp>
 
 #include "vmm/kvm.hpp"
+#include "vmm/snapshot_manifest.hpp"
 #include "vmm/vm.hpp"
 #include "vmm/vm_config.hpp"
 
 namespace agentvm {
-
-inline constexpr int snapshot_format = 3;  // 2: the manifest records disk_bytes; 3: vsock reset_avail
 
 struct SnapshotSummary {
     std::string dir;

@@ -26,6 +26,7 @@
 #include "vmm/vcpu_state.hpp"
 #include "vmm/virtio_slot.hpp"
 #include "vmm/vm_kvm_state.hpp"
+#include "vmm/vm_limits.hpp"
 #include "vmm/vsock_host.hpp"
 
 namespace agentvm {
@@ -71,9 +72,9 @@ Vm::Vm(const Kvm& kvm, const VmConfig& config, GuestMemory mem)
     : kvm_(kvm), config_(config), vm_(kvm.create_vm()), mem_(std::move(mem))
 {
     install_kick_handler();
-    if (config.vcpus == 0 || config.vcpus > std::min<uint32_t>(kvm.max_vcpus(), 254))
+    if (config.vcpus == 0 || config.vcpus > vcpu_limit(kvm))
         throw Error(fmt::format("--cpus {} is out of range: this host's KVM allows 1 to {} vCPUs",
-                                config.vcpus, std::min<uint32_t>(kvm.max_vcpus(), 254)));
+                                config.vcpus, vcpu_limit(kvm)));
     // Memory first: once the irqchip exists, every memslot change waits out an SRCU grace
     // period in the kernel (5-10 ms measured on restore), before it almost nothing.
     map_memory();

@@ -86,3 +86,19 @@ TEST_CASE("a file stamp changes when the file is written")
     put(file.get(), 0, "two");
     CHECK_FALSE(before == file_stamp(file.get(), "f"));
 }
+
+TEST_CASE("bytes read into memory have the digest of the file they were read from")
+{
+    // A zero page, data, and a partial last page: the cases the file digest treats specially.
+    std::string bytes(3 * 4096 + 100, '\0');
+    bytes.replace(4096 + 7, 5, "state");
+    bytes.replace(3 * 4096 + 50, 3, "end");
+    Fd file = temp_file();
+    put(file.get(), 0, bytes);
+    const auto span = std::span(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size());
+    CHECK(content_digest(span) == content_digest(file.get(), "f"));
+    CHECK(content_digest(std::span<const uint8_t>()) != content_digest(span));
+
+    bytes[4096 + 7] ^= 1;
+    CHECK(content_digest(span) != content_digest(file.get(), "f"));
+}
