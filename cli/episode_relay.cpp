@@ -20,7 +20,6 @@ using Clock = std::chrono::steady_clock;
 
 // Backpressure: stop reading the side that produces while the other side lags this much.
 constexpr size_t max_queued_to_agent = size_t{16} << 20;
-constexpr size_t max_queued_to_output = size_t{64} << 20;
 
 bool is_blank(const std::string& line)
 {
@@ -67,14 +66,15 @@ void EpisodeRelay::start(Fd agent)
         end(End::agent_lost, fmt::format("the connection to the guest agent failed: {}", std::strerror(err)));
     });
     agent_in_.emplace(loop_, fd, max_response_line,
-                      LineReader::Handlers{
-                          [this](std::string&& line) { on_response(std::move(line)); },
-                          [this] { end(End::agent_protocol, "the guest agent sent an over-long line"); },
+                      ResponseStream::Handlers{
+                          [this](std::string bytes) {
+                              if (!ended_)
+                                  emit(std::move(bytes));
+                          },
+                          [this](const std::string& id) { on_progress(id); },
+                          [this](const ResponseSummary& summary) { on_response(summary); },
+                          [this](const std::string& why) { end(End::agent_protocol, why); },
                           [this](int err) { on_agent_end(err); }});
-    agent_in_->on_partial_line([this](std::string_view partial) {
-        if (const auto id = leading_id(partial))
-            on_progress(*id);
-    });
     agent_in_->start();
     input_.start();
 }
@@ -83,21 +83,42 @@ void EpisodeRelay::on_request(std::string&& line)
 {
     if (ended_ || input_done_ || is_blank(line))
         return;
-    Request request;
-    try {
-        request = parse_request(line);
-    } catch (const RequestError& e) {
-        reply_error(e.id.dump(), e.error.code(), e.error.what());
+    std::string id;
+    std::optional<CallLimits> limits;
+    bool is_close = false;
+    {
+        // Scoped: the parsed request (its data decoded) is gone before the line is queued.
+        Request request;
+        try {
+            request = parse_request(line);
+        } catch (const RequestError& e) {
+            reply_error(e.id.dump(), e.error.code(), e.error.what());
+            return;
+        }
+        id = request.id.dump();
+        if (std::holds_alternative<ResumeRequest>(request.op)) {
+            reply_error(id, "unknown_op",
+                        "op \"resume\" is agentvm's own (it sends it after a snapshot restore); a harness "
+                        "cannot send it");
+            return;
+        }
+        limits = limits_of(request);
+        is_close = std::holds_alternative<CloseRequest>(request.op);
+    }
+    if (id.size() > max_id_bytes) {
+        reply_error(id, "bad_field", fmt::format("\"id\" is limited to {} bytes in an episode", max_id_bytes));
         return;
     }
-    std::string id = request.id.dump();
     if (pending_.contains(id)) {
         reply_error(id, "bad_field",
                     fmt::format("\"id\" {} is already used by a call that has not answered yet", id));
         return;
     }
     Pending pending{id, requests_++, std::nullopt};
-    if (const auto limits = limits_of(request)) {
+    // What goes after the line's closing brace, up to and with its newline: written apart
+    // from the line, which may be 64 MiB and is not copied to make room.
+    std::string tail = "\n";
+    if (limits) {
         if (limits->max_output > max_output_limit) {
             reply_error(id, "bad_field",
                         fmt::format("\"max_output\" is limited to {} bytes in an episode", max_output_limit));
@@ -108,19 +129,20 @@ void EpisodeRelay::on_request(std::string&& line)
             // Last, so that it also overrides a "timeout":null (JSON's last duplicate wins);
             // the line is an object (it parsed), so it ends with its closing brace.
             timeout_s = call_timeout_s_;
-            line.insert(line.find_last_of('}'), fmt::format(",\"timeout\":{}", *timeout_s));
+            const size_t brace = line.find_last_of('}');
+            tail = fmt::format(",\"timeout\":{}{}\n", *timeout_s, std::string_view(line).substr(brace));
+            line.resize(brace);
         }
         if (timeout_s)
             pending.deadline = Clock::now()
                 + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(*timeout_s))
                 + grace_;
     }
-    const bool is_close = std::holds_alternative<CloseRequest>(request.op);
     pending_.emplace(std::move(id), std::move(pending));
     arm_watchdog();
 
-    line.push_back('\n');
     agent_out_->write(std::move(line));
+    agent_out_->write(std::move(tail));
     if (agent_out_->queued_bytes() > max_queued_to_agent) {
         input_.pause();
         agent_out_->when_flushed([this] {
@@ -150,23 +172,14 @@ void EpisodeRelay::on_input_end(int err)
     });
 }
 
-void EpisodeRelay::on_response(std::string&& line)
+void EpisodeRelay::on_response(const ResponseSummary& summary)
 {
-    if (ended_)
+    if (ended_ || !summary.id)
         return;
-    const auto summary = summarize_response(line);
-    if (!summary) {
-        end(End::agent_protocol, "the guest agent sent a line that is not a JSON object");
-        return;
-    }
-    if (summary->id) {
-        if (summary->is_event)
-            on_progress(*summary->id);
-        else if (pending_.erase(*summary->id))
-            arm_watchdog();
-    }
-    line.push_back('\n');
-    emit(std::move(line));
+    if (summary.is_event)
+        on_progress(*summary.id);
+    else if (pending_.erase(*summary.id))
+        arm_watchdog();
 }
 
 void EpisodeRelay::on_progress(const std::string& id)
@@ -255,6 +268,8 @@ void EpisodeRelay::end(End how, const std::string& why)
 {
     if (ended_ || stopping_)
         return;
+    if (agent_in_)
+        agent_in_->stop();
     ended_ = true;
     input_.pause();
     watchdog_.cancel();
@@ -263,6 +278,8 @@ void EpisodeRelay::end(End how, const std::string& why)
 
 size_t EpisodeRelay::fail_pending(const std::string& code, const std::string& message)
 {
+    if (agent_in_)
+        agent_in_->stop();
     ended_ = true;
     std::vector<const Pending*> calls;
     for (const auto& [id, call] : pending_)

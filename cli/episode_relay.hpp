@@ -3,6 +3,8 @@
 // each request with the agent's own parser first, so a malformed line is answered here and
 // the relay always knows which calls are still waiting for their final response: if the
 // agent, the guest or the VM goes away, each of them gets an error instead of silence.
+// Requests are held whole (they are capped at max_line_bytes); responses are passed on as
+// they arrive (ResponseStream), so their size costs the relay no memory.
 //
 // Runs on the VM's event loop thread.
 #pragma once
@@ -16,6 +18,7 @@
 
 #include "cli/async_writer.hpp"
 #include "cli/line_reader.hpp"
+#include "cli/response_stream.hpp"
 #include "common/fd.hpp"
 #include "core/loop_timer.hpp"
 
@@ -43,8 +46,13 @@ public:
     // One stream's max_output in an episode, which bounds every response line.
     static constexpr uint64_t max_output_limit = uint64_t{64} << 20;
     // Six bytes per output byte at worst (a control byte escaped as \u00XX), two streams,
-    // and room for the other fields: no honest response line is longer.
+    // and room for the other fields: no honest response line is longer. The episode passes
+    // lines on as they arrive and ends at a longer one; `agentvm run` holds its one whole.
     static constexpr size_t max_response_line = 12 * max_output_limit + (size_t{1} << 20);
+    // The most bytes for the harness that wait in the relay before it stops reading the
+    // agent (responses wait in the guest then): with a read buffer and a held line, what a
+    // response costs the relay at most, however long it is.
+    static constexpr size_t max_queued_to_output = size_t{16} << 20;
 
     // call_timeout_s: added as "timeout" to every exec and shell request without one
     // (nullopt: requests go to the agent unchanged).
@@ -78,7 +86,7 @@ private:
     };
 
     void on_request(std::string&& line);
-    void on_response(std::string&& line);
+    void on_response(const ResponseSummary& summary);
     void on_input_end(int err);
     void on_agent_end(int err);
     // Bytes of call `id`'s answer arrived: it gets the grace period again from now.
@@ -94,7 +102,7 @@ private:
     Fd agent_;
     LineReader input_;
     AsyncWriter out_;
-    std::optional<LineReader> agent_in_;
+    std::optional<ResponseStream> agent_in_;
     std::optional<AsyncWriter> agent_out_;
     LoopTimer watchdog_;
     std::chrono::milliseconds grace_;

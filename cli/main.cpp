@@ -1,5 +1,6 @@
 // agentvm: a KVM microVM monitor for AI-agent episodes.
 #include <CLI/CLI.hpp>
+#include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
 #include <csignal>
@@ -13,6 +14,7 @@
 #include "cli/run_command.hpp"
 #include "cli/snapshot_command.hpp"
 #include "common/error.hpp"
+#include "protocol/agent_protocol.hpp"
 
 namespace {
 
@@ -33,7 +35,8 @@ int main(int argc, char** argv)
     std::signal(SIGPIPE, SIG_IGN);
 
     CLI::App app{"agentvm: a KVM microVM monitor for AI-agent episodes"};
-    app.set_version_flag("--version", "agentvm " AGENTVM_VERSION);
+    app.set_version_flag("--version", fmt::format("agentvm {} (agent protocol {})", AGENTVM_VERSION,
+                                                  agentvm::protocol_version));
     app.require_subcommand(1);
     std::string log_level = "info";
     app.add_option("--log-level", log_level, "trace, debug, info, warn, error, critical or off")

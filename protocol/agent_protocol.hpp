@@ -20,6 +20,10 @@ namespace agentvm {
 // Ordered so that "id" leads each line, which keeps logs and transcripts readable.
 using Json = nlohmann::ordered_json;
 
+// This protocol's version (docs/protocol.md), printed by `agentvm --version`. Raised when a
+// change would break a peer written against the previous one.
+constexpr int protocol_version = 1;
+
 // Longest request line accepted; longer ones are answered with line_too_long.
 constexpr size_t max_line_bytes = size_t{64} << 20;
 constexpr uint64_t default_max_output = uint64_t{16} << 20;

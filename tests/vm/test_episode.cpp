@@ -12,8 +12,8 @@ TEST_CASE("agentvm episode serves tool calls and reports every way a call or the
     // Emulated, 64 MiB through the guest and 100 MiB of output take a few minutes.
     const auto r = run_in_testhost({"python3", EPISODE_CHECK, AGENTVM_BIN}, std::chrono::seconds(1500));
     INFO("stdout: " << r.out << "\nstderr: " << r.err);
-    for (const char* name : {"basics", "sequential", "concurrent", "big_file", "capped_output",
-                             "timeout_kills_group", "malformed_lines", "shell_state", "resume", "fresh_episode",
+    for (const char* name : {"basics", "sequential", "concurrent", "big_file", "capped_output", "big_response",
+                             "timeout_kills_group", "malformed_lines", "shell_state", "resume_refused", "fresh_episode",
                              "eof_answers_pipelined", "close_op", "agent_killed", "vm_dies", "episode_timeout",
                              "jailed"})
         CHECK_MESSAGE(r.out.find(std::string("ok ") + name + ":") != std::string::npos, name);

@@ -1,0 +1,68 @@
+// Reads the agent's lines on the event loop and passes them on in pieces as they arrive,
+// checking each with a ResponseScanner on the way: a response of hundreds of MiB costs the
+// relay one read buffer, never the line. Short lines (the usual case) are held until they
+// have been checked whole, so a line that turns out not to be JSON is never passed on; a
+// longer one is passed on as it arrives, and should it break off (a guest gone wrong), what
+// was passed on of it is ended with a newline, so the lines after it stay lines.
+#pragma once
+
+#include <cstddef>
+#include <functional>
+#include <string>
+
+#include "cli/response_summary.hpp"
+#include "core/event_loop.hpp"
+
+namespace agentvm {
+
+class ResponseStream {
+public:
+    // The longest line held back until it is checked whole.
+    static constexpr size_t max_held_line = size_t{1} << 20;
+
+    struct Handlers {
+        std::function<void(std::string bytes)> on_bytes;  // the next bytes to pass on
+        // Bytes of a line whose top-level id has arrived; the line goes on.
+        std::function<void(const std::string& id)> on_progress;
+        // A line ended; its last bytes (with its '\n') went to on_bytes.
+        std::function<void(const ResponseSummary&)> on_line;
+        // Not a JSON object, or longer than max_line; nothing more is read.
+        std::function<void(const std::string& why)> on_bad_line;
+        std::function<void(int err)> on_end;  // 0 at end-of-file, else errno
+    };
+
+    ResponseStream(EventLoop& loop, int fd, size_t max_line, Handlers handlers);
+    ~ResponseStream();
+    ResponseStream(const ResponseStream&) = delete;
+    ResponseStream& operator=(const ResponseStream&) = delete;
+
+    void start();
+    // Backpressure: stop reading until resume() (bytes already read are still passed on).
+    void pause();
+    void resume();
+    // Reads no more; a line partly passed on is ended with a newline first, so that what
+    // is written after it starts a line of its own.
+    void stop();
+
+private:
+    void on_readable();
+    // Takes bytes up to the line's end (or all of them); false after a bad line.
+    bool take(std::string_view bytes);
+    bool end_line();
+    void bad_line(const std::string& why);
+
+    EventLoop& loop_;
+    int fd_;
+    size_t max_line_;
+    Handlers handlers_;
+    ResponseScanner scanner_;
+    std::string held_;        // the line so far, while it is short
+    size_t line_bytes_ = 0;   // of the line so far
+    bool passing_ = false;    // this line is too long to hold: its bytes go on as they come
+    bool line_started_ = false;
+    bool watching_ = false;
+    bool paused_ = false;
+    bool stopped_ = false;  // ended or a bad line: nothing more is read
+};
+
+} // namespace agentvm
