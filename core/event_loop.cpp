@@ -8,6 +8,7 @@
 #include <cstring>
 #include <optional>
 #include <utility>
+#include <vector>
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
@@ -29,6 +30,41 @@ __kernel_timespec timespec_of(std::chrono::steady_clock::duration d)
     ts.tv_sec = ns / 1'000'000'000;
     ts.tv_nsec = ns % 1'000'000'000;
     return ts;
+}
+
+// The I/O thread's seccomp filter lets it call io_uring_enter, and an SQE can do much of what
+// that filter forbids as a system call (IORING_OP_OPENAT, SOCKET, CONNECT, ...). So the ring
+// is created disabled and, before it runs anything, limited to the opcodes this file
+// prepares; the kernel completes any other SQE with -EACCES. SQE flags are left out of the
+// restrictions, so none is allowed (this file sets none), and so are register operations:
+// once enabled the ring refuses every io_uring_register (files, buffers, personalities,
+// wider restrictions); the loop makes none.
+void restrict_to_loop_opcodes(io_uring& ring)
+{
+    std::vector<io_uring_restriction> allowed;
+    const auto allow = [&](io_uring_op op) {
+        io_uring_restriction r{};
+        r.opcode = IORING_RESTRICTION_SQE_OP;
+        r.sqe_op = static_cast<uint8_t>(op);
+        allowed.push_back(r);
+    };
+    allow(IORING_OP_POLL_ADD);      // watches, and I/O waiting for readiness after -EAGAIN
+    allow(IORING_OP_ASYNC_CANCEL);  // unwatch, drain's cancellation, cancel_io
+    allow(IORING_OP_READV);
+    allow(IORING_OP_WRITEV);
+    allow(IORING_OP_FSYNC);
+    // io_uring_submit_and_wait_timeout hands the timeout to io_uring_enter itself where the
+    // kernel has IORING_FEAT_EXT_ARG (5.11 on); without it (5.10, the first kernel with
+    // restrictions) liburing queues an IORING_OP_TIMEOUT SQE instead, which must then pass.
+    // A timeout names no file: it opens nothing and reaches nothing.
+    if (!(ring.features & IORING_FEAT_EXT_ARG))
+        allow(IORING_OP_TIMEOUT);
+    int ret = io_uring_register_restrictions(&ring, allowed.data(), static_cast<unsigned>(allowed.size()));
+    if (ret < 0)
+        throw_errno("io_uring_register_restrictions", -ret);
+    ret = io_uring_enable_rings(&ring);
+    if (ret < 0)
+        throw_errno("io_uring_enable_rings", -ret);
 }
 
 } // namespace
@@ -66,10 +102,11 @@ EventLoop::EventLoop(unsigned entries)
     stop_fd_ = Fd(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
     if (!stop_fd_)
         throw_errno("eventfd for the event loop");
-    const int ret = io_uring_queue_init(entries, &ring_, 0);
+    const int ret = io_uring_queue_init(entries, &ring_, IORING_SETUP_R_DISABLED);
     if (ret < 0)
         throw_errno(fmt::format("io_uring_queue_init({} entries)", entries), -ret);
     try {
+        restrict_to_loop_opcodes(ring_);
         watch_readable(stop_fd_.get(), [this] {
             uint64_t count = 0;
             // Nonblocking, and a spurious wake-up leaves nothing to read: the result is moot.

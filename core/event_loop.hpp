@@ -67,6 +67,10 @@ public:
     bool drain(std::chrono::milliseconds patience = default_drain_patience);
 
 private:
+    // The unit test submits raw SQEs through this loop's own ring (submit_io) to prove the
+    // ring refuses every opcode the loop does not use.
+    friend struct EventLoopTestAccess;
+
     struct Op;
     struct Watch;
     io_uring_sqe* get_sqe();

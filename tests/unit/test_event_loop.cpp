@@ -3,10 +3,14 @@
 #include <fcntl.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <functional>
@@ -21,6 +25,23 @@
 
 using namespace agentvm;
 using namespace std::chrono_literals;
+
+namespace agentvm {
+
+// Reaches into the loop to submit an SQE of any opcode through the ring EventLoop built,
+// on the path its own I/O takes.
+struct EventLoopTestAccess {
+    static int32_t submit_raw(EventLoop& loop, std::function<void(io_uring_sqe*)> prep)
+    {
+        int32_t result = 1;  // stdout's fd, which no opcode below can return
+        loop.submit_io([&](int32_t res) { result = res; }, std::move(prep));
+        REQUIRE(loop.drain(2s));
+        return result;
+    }
+    static io_uring& ring(EventLoop& loop) { return loop.ring_; }
+};
+
+} // namespace agentvm
 
 namespace {
 
@@ -378,4 +399,100 @@ TEST_CASE("event loop: destroying the loop with I/O and watches pending waits, r
     struct stat st {};
     REQUIRE(::fstat(file.get(), &st) == 0);
     CHECK(st.st_size == 20 * 64);  // the writes were carried out before the ring went away
+}
+
+TEST_CASE("event loop: the ring refuses every opcode and registration the loop does not use")
+{
+    EventLoop loop;
+
+    // What the I/O thread's seccomp filter forbids as system calls, tried as SQEs.
+    const int32_t opened = EventLoopTestAccess::submit_raw(loop, [](io_uring_sqe* sqe) {
+        io_uring_prep_openat(sqe, AT_FDCWD, "/etc/passwd", O_RDONLY | O_CLOEXEC, 0);
+    });
+    if (opened >= 0)
+        ::close(opened);
+    CHECK(opened == -EACCES);
+
+    // A listening socket that a permitted connect would reach.
+    Fd listener(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    Fd client(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    REQUIRE(listener);
+    REQUIRE(client);
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    const std::string name = "agentvm-event-loop-test-" + std::to_string(::getpid());
+    std::memcpy(addr.sun_path + 1, name.data(), name.size());  // abstract: nothing on disk
+    const auto addr_len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
+    REQUIRE(::bind(listener.get(), reinterpret_cast<sockaddr*>(&addr), addr_len) == 0);
+    REQUIRE(::listen(listener.get(), 1) == 0);
+    CHECK(EventLoopTestAccess::submit_raw(loop, [&](io_uring_sqe* sqe) {
+              io_uring_prep_connect(sqe, client.get(), reinterpret_cast<sockaddr*>(&addr), addr_len);
+          }) == -EACCES);
+
+    io_uring_probe* probe = io_uring_get_probe();
+    REQUIRE(probe);
+    const bool kernel_has_socket = io_uring_opcode_supported(probe, IORING_OP_SOCKET);
+    io_uring_free_probe(probe);
+    if (kernel_has_socket) {
+        const int32_t socket = EventLoopTestAccess::submit_raw(
+            loop, [](io_uring_sqe* sqe) { io_uring_prep_socket(sqe, AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0, 0); });
+        if (socket >= 0)
+            ::close(socket);
+        CHECK(socket == -EACCES);
+    }
+
+    // liburing waits with a timeout in io_uring_enter's argument where the kernel has
+    // IORING_FEAT_EXT_ARG, so the ring has no use for IORING_OP_TIMEOUT there.
+    if (EventLoopTestAccess::ring(loop).features & IORING_FEAT_EXT_ARG) {
+        __kernel_timespec ts{};
+        ts.tv_nsec = 1'000'000;
+        CHECK(EventLoopTestAccess::submit_raw(loop, [&](io_uring_sqe* sqe) { io_uring_prep_timeout(sqe, &ts, 0, 0); }) ==
+              -EACCES);
+    }
+
+    // No registration after set-up: no fixed files, no personality (other credentials).
+    Fd file = make_memfd();
+    const int file_fd = file.get();
+    CHECK(io_uring_register_files(&EventLoopTestAccess::ring(loop), &file_fd, 1) == -EACCES);
+    CHECK(io_uring_register_personality(&EventLoopTestAccess::ring(loop)) == -EACCES);
+
+    // Everything the loop does itself still works on the same ring: writev, readv, fsync,
+    // a watch (POLL_ADD) and cancelling I/O (ASYNC_CANCEL).
+    std::string out = "allowed";
+    iovec iov_out[] = {iov_of(out)};
+    int32_t wrote = -1, synced = -1, got = -1;
+    loop.writev(file.get(), iov_out, 1, 0, [&](int32_t res) { wrote = res; });
+    loop.fsync(file.get(), [&](int32_t res) { synced = res; });
+    loop.drain();
+    std::string in(out.size(), '\0');
+    iovec iov_in[] = {iov_of(in)};
+    loop.readv(file.get(), iov_in, 1, 0, [&](int32_t res) { got = res; });
+    loop.drain();
+    CHECK(wrote == static_cast<int32_t>(out.size()));
+    CHECK(synced == 0);
+    CHECK(got == static_cast<int32_t>(out.size()));
+    CHECK(in == out);
+
+    Fd efd = make_eventfd();
+    int fired = 0;
+    loop.watch_readable(efd.get(), [&] {
+        uint64_t v = 0;
+        REQUIRE(::read(efd.get(), &v, sizeof v) == sizeof v);
+        ++fired;
+        loop.stop();
+    });
+    signal_eventfd(efd.get());
+    loop.run();
+    CHECK(fired == 1);
+
+    int fds[2];
+    REQUIRE(::pipe2(fds, O_CLOEXEC) == 0);
+    Fd rd(fds[0]), wr(fds[1]);
+    std::string never(1, '\0');
+    iovec iov_never[] = {iov_of(never)};
+    int32_t cancelled = 1;
+    loop.readv(rd.get(), iov_never, 1, static_cast<uint64_t>(-1), [&](int32_t res) { cancelled = res; });
+    loop.cancel_io(rd.get());
+    CHECK(loop.drain(2s));
+    CHECK(cancelled == -ECANCELED);
 }

@@ -4,7 +4,9 @@
 #include <linux/virtio_ring.h>
 
 #include <cstdint>
+#include <vector>
 
+#include "devices/virtio_blk.hpp"
 #include "devices/virtqueue.hpp"
 #include "core/guest_memory.hpp"
 #include "core/layout.hpp"
@@ -144,9 +146,19 @@ TEST_CASE("pop copies a chain and add_used returns it")
     CHECK(q.in_flight() == 1);
     CHECK_FALSE(q.pop(mem).has_value());
 
-    // The copy is ours: the guest rewriting its descriptor changes nothing.
-    d.desc(2, 0xdead000, 99);
-    CHECK(chain->descriptors[0].addr == 0x100000);
+    // The copy is ours: the guest rewriting every descriptor of the chain after the pop, into
+    // another valid request, changes nothing the device then builds its request from.
+    d.desc(2, 0x103000, 16, VRING_DESC_F_NEXT, 5);
+    d.desc(5, 0x104000, 1024, VRING_DESC_F_NEXT | VRING_DESC_F_WRITE, 7);
+    d.desc(7, 0x105000, 1, VRING_DESC_F_WRITE);
+    mem.write_obj(0x100000, virtio_blk_outhdr{VIRTIO_BLK_T_IN, 0, 3});
+    mem.write_obj(0x103000, virtio_blk_outhdr{VIRTIO_BLK_T_IN, 0, 9});  // the rewritten head's
+    const BlkRequest req = parse_blk_request(*chain, mem, 1024);
+    CHECK(req.status == VIRTIO_BLK_S_OK);
+    CHECK(req.type == VIRTIO_BLK_T_IN);
+    CHECK(req.sector == 3);
+    CHECK(req.data == std::vector<Descriptor>{{0x101000, 512, true}});
+    CHECK(req.status_addr == 0x102000);
 
     q.add_used(mem, 2, 513);
     CHECK(d.used_idx() == 1);
