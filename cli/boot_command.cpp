@@ -1,3 +1,5 @@
+#include <CLI/CLI.hpp>
+
 #include "cli/boot_command.hpp"
 
 #include <signal.h>

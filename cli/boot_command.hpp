@@ -1,9 +1,13 @@
 // `agentvm boot`: boot a guest and stay attached to its console until it powers off.
 #pragma once
 
-#include <CLI/CLI.hpp>
 
 #include "cli/subcommand.hpp"
+
+// CLI11 is header-only and slow to compile: only the files that add options include it.
+namespace CLI {
+class App;
+} // namespace CLI
 
 namespace agentvm {
 

@@ -1,3 +1,5 @@
+#include <CLI/CLI.hpp>
+
 #include "cli/episode_command.hpp"
 
 #include <unistd.h>

@@ -1,3 +1,5 @@
+#include <CLI/CLI.hpp>
+
 #include "cli/run_command.hpp"
 
 #include <signal.h>

@@ -1,8 +1,12 @@
 #pragma once
 
-#include <CLI/CLI.hpp>
 
 #include <functional>
+
+// CLI11 is header-only and slow to compile: only the files that add options include it.
+namespace CLI {
+class App;
+} // namespace CLI
 
 namespace agentvm {
 

@@ -1,3 +1,5 @@
+#include <CLI/CLI.hpp>
+
 #include "cli/vm_options.hpp"
 
 #include <fcntl.h>
@@ -20,6 +22,12 @@
 #include "vmm/vm_limits.hpp"
 
 namespace agentvm {
+
+bool VmOptions::given(const char* flag) const
+{
+    return command_ && command_->count(flag) > 0;
+}
+
 namespace {
 
 // Host memory a VMM needs beyond guest memory: its own code and heap, device buffers, io_uring,

@@ -2,7 +2,6 @@
 // validation into a VmConfig. Each bad value is one clear line naming the flag.
 #pragma once
 
-#include <CLI/CLI.hpp>
 
 #include <chrono>
 #include <cstdint>
@@ -14,6 +13,11 @@
 #include "common/fd.hpp"
 #include "vmm/jail.hpp"
 #include "vmm/vm_config.hpp"
+
+// CLI11 is header-only and slow to compile: only the files that add options include it.
+namespace CLI {
+class App;
+} // namespace CLI
 
 namespace agentvm {
 
@@ -38,7 +42,7 @@ public:
     // Whether --snapshot named the snapshot (rather than set-up's default being used).
     bool snapshot_given() const { return !snapshot_.empty(); }
     // Whether the user gave `flag` (so a snapshot's own value must match it).
-    bool given(const char* flag) const { return command_ && command_->count(flag) > 0; }
+    bool given(const char* flag) const;
 
     // Opens --console (a file, or stderr for "-") and returns the fd to write the console to,
     // or -1 when it is dropped.
