@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include "devices/console_writer.hpp"
 #include "devices/cow_disk.hpp"
 #include "devices/serial.hpp"
 #include "devices/state_json.hpp"
@@ -141,7 +142,7 @@ void Vm::map_memory()
 void Vm::add_serial(int console_fd)
 {
     const int vm_fd = vm_.get();
-    serial_ = std::make_unique<SerialDevice>(console_fd, [vm_fd](bool level) {
+    serial_ = std::make_unique<SerialDevice>([vm_fd](bool level) {
         kvm_irq_level irq{};
         irq.irq = layout::serial_irq;
         irq.level = level ? 1 : 0;
@@ -149,6 +150,8 @@ void Vm::add_serial(int console_fd)
             SPDLOG_WARN("KVM_IRQ_LINE for the serial port failed: {}", strerror(errno));
     });
     pio_.insert(layout::com1_port, layout::com1_ports, *serial_);
+    if (console_fd >= 0)
+        console_ = std::make_unique<ConsoleWriter>(loop_, *serial_, console_fd);
 }
 
 std::string Vm::add_root_disk(const std::string& path, const std::string& overlay_dir, uint64_t disk_bytes)
@@ -379,6 +382,9 @@ VmResult Vm::run()
     // In-flight disk I/O targets guest memory: let it finish before anything is torn down.
     // Host vsock streams are shut first, or their pending reads would keep the loop busy.
     vsock_host_->close_all();
+    // The console's reader may never read again: its write must not hold up the drain.
+    if (console_)
+        console_->stop();
     for (auto& hook : stopping_hooks_)
         hook();
     for (;;) {
@@ -391,6 +397,8 @@ VmResult Vm::run()
             stop(VmOutcome::failed, fmt::format("I/O loop: {}", e.what()));
         }
     }
+    if (console_)
+        console_->finish();
     std::lock_guard lock(result_mutex_);
     return result_.value_or(VmResult{VmOutcome::stopped, "stopped"});
 }
