@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <csignal>
+#include <system_error>
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
@@ -366,8 +367,14 @@ void Vm::vcpu_loop(Vcpu& vcpu)
 VmResult Vm::run()
 {
     vsock_host_->update_stream_cap();
-    for (auto& vcpu : vcpus_)
-        threads_.emplace_back([this, v = vcpu.get()] { vcpu_loop(*v); });
+    try {
+        for (auto& vcpu : vcpus_)
+            threads_.emplace_back([this, v = vcpu.get()] { vcpu_loop(*v); });
+    } catch (const std::system_error& e) {
+        // Out of threads (a pids limit, memory): the vCPUs already started are stopped and
+        // joined below like on any other failure; the loop returns at once.
+        stop(VmOutcome::failed, fmt::format("starting the thread of vCPU {}: {}", threads_.size(), e.what()));
+    }
     try {
         if (config_.jail && config_.run_thread_filter)
             install_seccomp(*config_.run_thread_filter);
