@@ -383,6 +383,8 @@ VmResult Vm::run()
         stop(VmOutcome::failed, fmt::format("I/O loop: {}", e.what()));
     }
     stopping_ = true;
+    if (blk_)
+        blk_->abandon_resets();  // a vCPU waiting in a reset would otherwise never be joined
     kick_vcpus();
     for (auto& t : threads_)
         t.join();
