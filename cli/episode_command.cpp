@@ -13,6 +13,7 @@
 #include "cli/agent_vm.hpp"
 #include "cli/episode_relay.hpp"
 #include "cli/exit_codes.hpp"
+#include "cli/seconds_option.hpp"
 #include "cli/supervised.hpp"
 #include "cli/vm_options.hpp"
 #include "protocol/agent_protocol.hpp"
@@ -67,7 +68,7 @@ std::optional<Failure> failure_of(const VmResult& result, bool time_ran_out,
 
 int run_episode(EpisodeOptions& options)
 {
-    AgentVm agent_vm(options.vm, std::chrono::milliseconds(static_cast<int64_t>(options.boot_timeout_s * 1000)));
+    AgentVm agent_vm(options.vm, seconds_to_ms(options.boot_timeout_s));
     std::optional<EpisodeRelay::End> relay_end;
     std::string relay_why;
     EpisodeRelay relay(agent_vm.vm().event_loop(), STDIN_FILENO, STDOUT_FILENO,
@@ -114,13 +115,12 @@ Subcommand add_episode_command(CLI::App& app)
     episode->add_option("--boot-timeout", options->boot_timeout_s,
                         "seconds the guest agent gets to answer after the VM starts")
         ->capture_default_str()
-        ->check(CLI::PositiveNumber);
+        ->check(seconds_option());
     episode->add_option("--call-timeout", options->call_timeout_s,
                         "seconds an exec or shell call without its own \"timeout\" may run; then its "
                         "whole process group is killed")
         ->capture_default_str()
-        ->check(CLI::PositiveNumber)
-        ->check(CLI::Range(0.0, static_cast<double>(max_call_timeout_s)));
+        ->check(seconds_option(false, max_call_timeout_s));
     return {episode, [options] { return run_supervised(options->vm, 0, [&] { return run_episode(*options); }); }};
 }
 

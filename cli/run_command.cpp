@@ -20,6 +20,7 @@
 #include "cli/exit_codes.hpp"
 #include "cli/supervised.hpp"
 #include "cli/line_reader.hpp"
+#include "cli/seconds_option.hpp"
 #include "cli/vm_options.hpp"
 #include "protocol/agent_protocol.hpp"
 #include "common/error.hpp"
@@ -277,7 +278,7 @@ int run_run(RunOptions& options)
         throw Error(fmt::format("--max-output {} is over the limit of {} bytes", options.max_output,
                                 EpisodeRelay::max_output_limit));
     std::string request = exec_request(options);
-    AgentVm agent_vm(options.vm, std::chrono::milliseconds(static_cast<int64_t>(options.boot_timeout_s * 1000)));
+    AgentVm agent_vm(options.vm, seconds_to_ms(options.boot_timeout_s));
     CommandSession session(agent_vm, options, std::move(request));
     const VmResult result = agent_vm.run([&](Fd agent) { session.start(std::move(agent)); },
                                          [&] { session.stop_output(); });
@@ -320,12 +321,11 @@ Subcommand add_run_command(CLI::App& app)
     run->add_option("--boot-timeout", options->boot_timeout_s,
                     "seconds the guest agent gets to answer after the VM starts")
         ->capture_default_str()
-        ->check(CLI::PositiveNumber);
+        ->check(seconds_option());
     run->add_option("--timeout", options->timeout_s,
                     "seconds the command may run; then its whole process group is killed (exit 124)")
         ->capture_default_str()
-        ->check(CLI::PositiveNumber)
-        ->check(CLI::Range(0.0, static_cast<double>(max_call_timeout_s)));
+        ->check(seconds_option(false, max_call_timeout_s));
     run->add_option("--env", options->env, "NAME=VALUE added to the command's environment (repeatable)");
     run->add_option("--workdir", options->workdir, "directory in the guest to run the command in");
     run->add_option("--max-output", options->max_output,

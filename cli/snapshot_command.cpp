@@ -14,6 +14,7 @@
 
 #include "cli/agent_vm.hpp"
 #include "cli/exit_codes.hpp"
+#include "cli/seconds_option.hpp"
 #include "cli/supervised.hpp"
 #include "cli/vm_options.hpp"
 #include "protocol/agent_protocol.hpp"
@@ -93,7 +94,7 @@ double ms_since(Clock::time_point start)
 int run_bake(BakeOptions& options)
 {
     const auto start = Clock::now();
-    AgentVm agent_vm(options.vm, std::chrono::milliseconds(static_cast<int64_t>(options.boot_timeout_s * 1000)));
+    AgentVm agent_vm(options.vm, seconds_to_ms(options.boot_timeout_s));
     const SnapshotWriter writer(agent_vm.kvm(), agent_vm.vm().config(), options.out);
     options.vm.keep_writable_dir(writer.parent_dir());
     Fd agent;
@@ -173,7 +174,7 @@ Subcommand add_snapshot_command(CLI::App& app)
     bake->add_option("--boot-timeout", options->boot_timeout_s,
                      "seconds the guest agent gets to answer after the VM starts")
         ->capture_default_str()
-        ->check(CLI::PositiveNumber);
+        ->check(seconds_option());
     bake->add_flag("--json", options->json, "print a JSON summary on stdout");
     return {bake, [options] { return run_supervised(options->vm, 0, [&] { return run_bake(*options); }); }};
 }

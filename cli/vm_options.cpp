@@ -15,6 +15,7 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include "cli/seconds_option.hpp"
 #include "protocol/cmdline.hpp"
 #include "common/error.hpp"
 #include "core/layout.hpp"
@@ -151,7 +152,7 @@ void VmOptions::add_to(CLI::App& command)
                            "seconds the whole episode may last; then every pending call fails and the VM stops "
                            "(0: no limit)")
             ->capture_default_str()
-            ->check(CLI::NonNegativeNumber);
+            ->check(seconds_option(true));
     if (role_ == VmRole::boot)
         console->capture_default_str();
     else
@@ -284,7 +285,7 @@ std::optional<std::chrono::milliseconds> VmOptions::episode_timeout() const
 {
     if (role_ != VmRole::agent || episode_timeout_s_ == 0)
         return std::nullopt;
-    return std::chrono::milliseconds(static_cast<int64_t>(episode_timeout_s_ * 1000));
+    return seconds_to_ms(episode_timeout_s_);
 }
 
 void VmOptions::discard_console()

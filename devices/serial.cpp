@@ -1,10 +1,6 @@
 #include "devices/serial.hpp"
 
-#include <unistd.h>
-
 #include <algorithm>
-#include <cerrno>
-#include <cstring>
 #include <string_view>
 #include <utility>
 
@@ -237,14 +233,28 @@ void Serial::restore(const State& state)
     std::copy(state.rx_fifo.begin(), state.rx_fifo.end(), rx_.begin());
 }
 
-SerialDevice::SerialDevice(int output_fd, IrqLine irq)
-    : output_fd_(output_fd), irq_(std::move(irq)), serial_([this](uint8_t b) { on_transmit(b); })
+SerialDevice::SerialDevice(IrqLine irq)
+    : irq_(std::move(irq)), serial_([this](uint8_t b) { on_transmit(b); })
 {
 }
 
-SerialDevice::~SerialDevice()
+void SerialDevice::set_output_ready(OutputReady ready)
 {
-    flush();
+    std::lock_guard lock(mutex_);
+    output_ready_ = std::move(ready);
+}
+
+std::string SerialDevice::take_output(size_t max)
+{
+    std::lock_guard lock(mutex_);
+    output_signalled_ = false;
+    return out_.take(max);
+}
+
+uint64_t SerialDevice::output_dropped() const
+{
+    std::lock_guard lock(mutex_);
+    return out_.dropped();
 }
 
 void SerialDevice::bus_read(uint64_t offset, std::span<uint8_t> data)
@@ -261,20 +271,28 @@ void SerialDevice::bus_read(uint64_t offset, std::span<uint8_t> data)
 
 void SerialDevice::bus_write(uint64_t offset, std::span<const uint8_t> data)
 {
-    std::lock_guard lock(mutex_);
-    for (size_t i = 0; i < data.size(); ++i) {
-        const uint64_t reg = offset + i;
-        if (reg >= uart::register_count)
-            continue;
-        serial_.write(static_cast<uint8_t>(reg), data[i]);
-        // Anything but another THR byte means the guest paused its output: Linux rewrites IER
-        // when the tty runs dry and after each console message. Flush then, so a prompt
-        // without a newline shows up, yet streaming output costs one write() per line.
-        if (reg != uart::thr)
-            flush_locked();
+    OutputReady wake;  // a copy: the writer may detach while this vCPU calls it
+    {
+        std::lock_guard lock(mutex_);
+        for (size_t i = 0; i < data.size(); ++i) {
+            const uint64_t reg = offset + i;
+            if (reg >= uart::register_count)
+                continue;
+            serial_.write(static_cast<uint8_t>(reg), data[i]);
+            // Anything but another THR byte means the guest paused its output: Linux rewrites
+            // IER when the tty runs dry and after each console message. Output goes out then,
+            // so a prompt without a newline shows up, yet streaming output wakes the writer
+            // once per line.
+            if (reg != uart::thr && out_.size() > 0)
+                output_waiting();
+        }
+        feed_fifo();
+        update_irq();
+        if (std::exchange(wake_due_, false))
+            wake = output_ready_;
     }
-    feed_fifo();
-    update_irq();
+    if (wake)
+        wake();
 }
 
 void SerialDevice::push_input(std::span<const uint8_t> bytes)
@@ -297,12 +315,6 @@ void SerialDevice::push_input(std::span<const uint8_t> bytes)
                      dropped, input_dropped_);
     }
     update_irq();
-}
-
-void SerialDevice::flush()
-{
-    std::lock_guard lock(mutex_);
-    flush_locked();
 }
 
 bool SerialDevice::ready() const
@@ -346,13 +358,14 @@ void SerialDevice::restore(const Serial::State& state)
 
 void SerialDevice::on_transmit(uint8_t byte)
 {
-    out_.push_back(static_cast<char>(byte));
+    if (output_ready_ && out_.push(byte))
+        output_waiting(true);  // the writer reports the loss even while its write is stuck
     if (byte == '\n')
         end_line();
     else if (line_.size() < max_line)
         line_.push_back(static_cast<char>(byte));
-    if (byte == '\n' || out_.size() >= max_line)
-        flush_locked();
+    if (output_ready_ && (byte == '\n' || out_.size() >= max_line))
+        output_waiting();
 }
 
 void SerialDevice::end_line()
@@ -370,24 +383,14 @@ void SerialDevice::end_line()
     line_.clear();
 }
 
-void SerialDevice::flush_locked()
+void SerialDevice::output_waiting(bool even_if_signalled)
 {
-    std::string_view rest = out_;
-    while (!rest.empty() && output_fd_ >= 0) {
-        const ssize_t n = ::write(output_fd_, rest.data(), rest.size());
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n < 0) {
-            // The console is for people; losing it must not take the VM down or flood the log.
-            if (!write_failed_) {
-                spdlog::warn("serial: writing console output: {}", std::strerror(errno));
-                write_failed_ = true;
-            }
-            break;
-        }
-        rest.remove_prefix(static_cast<size_t>(n));
-    }
-    out_.clear();
+    // One wake-up per batch the writer takes: the vCPU pays for an eventfd write per line at
+    // most, not per byte.
+    if (output_signalled_ && !even_if_signalled)
+        return;
+    output_signalled_ = true;
+    wake_due_ = true;
 }
 
 void SerialDevice::feed_fifo()

@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "core/bus.hpp"
+#include "devices/console_buffer.hpp"
 
 namespace agentvm {
 
@@ -115,35 +116,45 @@ private:
     size_t rx_len_ = 0;
 };
 
-// Ties a Serial to the port-I/O bus, the console output fd, host input and the IRQ line.
-// vCPU threads (bus_read/bus_write) and the I/O thread (push_input) share it; one mutex
-// guards everything.
+// Ties a Serial to the port-I/O bus, host input, the IRQ line and a bounded buffer of console
+// output that the I/O loop writes out (devices/console_writer.hpp): no fd here, so a vCPU never
+// waits on whoever reads the console. vCPU threads (bus_read/bus_write) and the I/O thread
+// (push_input, take_output) share it; one mutex guards everything.
 class SerialDevice : public BusDevice {
 public:
     // Called with the new level whenever the UART's interrupt output changes, with the
     // device lock held (so levels arrive in order): it must not call back into the device.
     using IrqLine = std::function<void(bool level)>;
+    // Called without the device lock, from the transmitting vCPU: output is waiting to be
+    // taken. It must not block.
+    using OutputReady = std::function<void()>;
 
     // Host bytes the FIFO cannot take yet wait here; beyond this they are dropped.
     static constexpr size_t host_queue_capacity = 16 * 1024;
+    // Console output not yet taken is held up to this; beyond it, bytes are dropped and counted.
+    static constexpr size_t output_capacity = 64 * 1024;
     // Console lines longer than this are cut for readiness/panic matching (not for output).
     static constexpr size_t max_line = 4096;
 
-    // output_fd (not owned; -1 discards output) receives the guest's console output and must
-    // outlive the device. Writes to it are blocking: a pipe nobody reads stalls the guest's
-    // console rather than losing bytes.
-    SerialDevice(int output_fd, IrqLine irq);
-    ~SerialDevice() override;
+    explicit SerialDevice(IrqLine irq);
     SerialDevice(const SerialDevice&) = delete;
     SerialDevice& operator=(const SerialDevice&) = delete;
+
+    // Until this is called the guest's console output is discarded (still matched for the
+    // ready and panic lines). From then on it is kept for take_output(), and `ready` is called
+    // at the end of a line, when the guest pauses its output, when a line's worth piles up,
+    // and when output begins to be dropped. nullptr stops keeping output again.
+    void set_output_ready(OutputReady ready);
+    // Removes and returns up to max bytes of console output, oldest first.
+    std::string take_output(size_t max);
+    // Console output bytes dropped because the buffer was full.
+    uint64_t output_dropped() const;
 
     void bus_read(uint64_t offset, std::span<uint8_t> data) override;
     void bus_write(uint64_t offset, std::span<const uint8_t> data) override;
 
     // Bytes typed on the host, for the guest to receive in order.
     void push_input(std::span<const uint8_t> bytes);
-    // Writes out console output still held back waiting for the end of its line.
-    void flush();
 
     // True once the guest printed the line "agentvm-init: ready".
     bool ready() const;
@@ -161,16 +172,17 @@ public:
 private:
     void on_transmit(uint8_t byte);
     void end_line();
-    void flush_locked();
+    void output_waiting(bool even_if_signalled = false);
     void feed_fifo();
     void update_irq();
 
     mutable std::mutex mutex_;
-    int output_fd_;
     IrqLine irq_;
     bool irq_level_ = false;
-    std::string out_;  // console output not yet written, at most max_line bytes
-    bool write_failed_ = false;
+    OutputReady output_ready_;
+    ConsoleBuffer out_{output_capacity};
+    bool output_signalled_ = false;  // output_ready_ was called and nothing was taken since
+    bool wake_due_ = false;          // call output_ready_ once the lock is released
     std::string line_; // the current line, cut at max_line
     std::optional<std::chrono::steady_clock::time_point> ready_at_;
     std::optional<std::string> panic_line_;

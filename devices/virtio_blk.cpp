@@ -122,9 +122,19 @@ void VirtioBlk::activate(const VirtioContext& ctx)
 
 void VirtioBlk::reset()
 {
-    ctx_ = {};
     active_ = false;
     ++generation_;
+    // The transport holds mutex() once; waiting releases it, so completions can run (and are
+    // dropped: the generation moved on, and the device is inactive).
+    quiesced_.wait(mutex(), [this] { return in_flight_ == 0 || abandon_resets_; });
+    ctx_ = {};
+}
+
+void VirtioBlk::abandon_resets()
+{
+    std::lock_guard lock(mutex());
+    abandon_resets_ = true;
+    quiesced_.notify_all();
 }
 
 size_t VirtioBlk::in_flight() const
@@ -208,7 +218,8 @@ void VirtioBlk::submit(Virtqueue& queue, const BlkRequest& req, uint16_t head, b
     auto done = [this, generation = generation_, head, status_addr = req.status_addr, used_len,
                  expected = req.data_len](int32_t res) {
         std::lock_guard lock(mutex());
-        --in_flight_;
+        if (--in_flight_ == 0)
+            quiesced_.notify_all();
         if (generation != generation_ || !active_)
             return;
         if (res < 0)

@@ -23,6 +23,7 @@
 #endif
 #include <linux/virtio_ring.h>
 
+#include <condition_variable>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -81,7 +82,13 @@ public:
     void write_config(uint64_t offset, std::span<const uint8_t> data) override;
     void activate(const VirtioContext& ctx) override;
     void process_queue(size_t index) override;
+    // Returns once no request is in flight: a read still running would write guest memory
+    // after the driver saw the reset. So the I/O loop must be running on another thread (or
+    // abandon_resets() have been called).
     void reset() override;
+    // The VM is stopping and its I/O loop will complete nothing more until the vCPUs are
+    // joined: a reset waiting for requests returns at once (the drain waits for them instead).
+    void abandon_resets();
 
     // Disk operations submitted whose completion has not run (including ones from before a reset).
     size_t in_flight() const;
@@ -107,6 +114,8 @@ private:
     bool active_ = false;
     uint64_t generation_ = 0;  // bumped by reset(): completions from before it are dropped
     size_t in_flight_ = 0;
+    bool abandon_resets_ = false;
+    std::condition_variable_any quiesced_;  // in_flight_ reached 0, or abandon_resets_
     WarnLimiter warn_;
 };
 

@@ -27,7 +27,7 @@ namespace {
 // a driver reset of the vsock device closes host streams from the vCPU thread.
 constexpr std::array vcpu_syscalls = {
     SCMP_SYS(futex),           // mutexes, condition variables
-    SCMP_SYS(write),           // eventfds (irqfd, loop wake-up), console output, log lines
+    SCMP_SYS(write),           // eventfds (irqfd, loop and console wake-ups), log lines
     SCMP_SYS(shutdown),        // vsock streams dropped by a device reset
     SCMP_SYS(close),           // ... and closed, when nothing else holds them
     SCMP_SYS(rt_sigprocmask),  // the kick signal around KVM_RUN
@@ -53,10 +53,10 @@ constexpr std::array vcpu_syscalls = {
 constexpr std::array io_loop_syscalls = {
     SCMP_SYS(io_uring_enter),  // all device and stream I/O
     SCMP_SYS(read),            // eventfds, timerfds, the agent's socket
-    SCMP_SYS(write),           // eventfds (irqfd, wake-ups), stdout, log lines
+    SCMP_SYS(write),           // eventfds (irqfd, wake-ups), stdout, console output, log lines
     SCMP_SYS(readv),
     SCMP_SYS(writev),
-    SCMP_SYS(poll),            // waiting out a full stdout pipe
+    SCMP_SYS(poll),            // waiting out a full stdout pipe; the console's last bytes
     SCMP_SYS(fstat),           // stdio sizes a stream's buffer on its first use
     SCMP_SYS(newfstatat),
     SCMP_SYS(close),

@@ -2,7 +2,7 @@
 //
 // A vCPU thread runs the guest and, on each exit, the device-register emulation a hostile
 // guest drives directly: the code most exposed to it. It needs a handful of system calls
-// (KVM_RUN, futexes, eventfd and console writes, memory for malloc), so it gets exactly
+// (KVM_RUN, futexes, eventfd writes, memory for malloc), so it gets exactly
 // those. The I/O loop thread (the one that called Vm::run) needs more: io_uring, timers,
 // Unix sockets for the host's vsock side, signalling the vCPU threads; and, in a VM that is
 // saved to a snapshot after it runs, creating the snapshot's files and the state ioctls.

@@ -5,10 +5,12 @@
 #include <unistd.h>
 
 #include <csignal>
+#include <system_error>
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include "devices/console_writer.hpp"
 #include "devices/cow_disk.hpp"
 #include "devices/serial.hpp"
 #include "devices/state_json.hpp"
@@ -142,7 +144,7 @@ void Vm::map_memory()
 void Vm::add_serial(int console_fd)
 {
     const int vm_fd = vm_.get();
-    serial_ = std::make_unique<SerialDevice>(console_fd, [vm_fd](bool level) {
+    serial_ = std::make_unique<SerialDevice>([vm_fd](bool level) {
         kvm_irq_level irq{};
         irq.irq = layout::serial_irq;
         irq.level = level ? 1 : 0;
@@ -150,6 +152,8 @@ void Vm::add_serial(int console_fd)
             SPDLOG_WARN("KVM_IRQ_LINE for the serial port failed: {}", strerror(errno));
     });
     pio_.insert(layout::com1_port, layout::com1_ports, *serial_);
+    if (console_fd >= 0)
+        console_ = std::make_unique<ConsoleWriter>(loop_, *serial_, console_fd);
 }
 
 std::string Vm::add_root_disk(const std::string& path, const std::string& overlay_dir, uint64_t disk_bytes)
@@ -364,8 +368,14 @@ void Vm::vcpu_loop(Vcpu& vcpu)
 VmResult Vm::run()
 {
     vsock_host_->update_stream_cap();
-    for (auto& vcpu : vcpus_)
-        threads_.emplace_back([this, v = vcpu.get()] { vcpu_loop(*v); });
+    try {
+        for (auto& vcpu : vcpus_)
+            threads_.emplace_back([this, v = vcpu.get()] { vcpu_loop(*v); });
+    } catch (const std::system_error& e) {
+        // Out of threads (a pids limit, memory): the vCPUs already started are stopped and
+        // joined below like on any other failure; the loop returns at once.
+        stop(VmOutcome::failed, fmt::format("starting the thread of vCPU {}: {}", threads_.size(), e.what()));
+    }
     try {
         if (config_.jail && config_.run_thread_filter)
             install_seccomp(*config_.run_thread_filter);
@@ -374,12 +384,17 @@ VmResult Vm::run()
         stop(VmOutcome::failed, fmt::format("I/O loop: {}", e.what()));
     }
     stopping_ = true;
+    if (blk_)
+        blk_->abandon_resets();  // a vCPU waiting in a reset would otherwise never be joined
     kick_vcpus();
     for (auto& t : threads_)
         t.join();
     // In-flight disk I/O targets guest memory: let it finish before anything is torn down.
     // Host vsock streams are shut first, or their pending reads would keep the loop busy.
     vsock_host_->close_all();
+    // The console's reader may never read again: its write must not hold up the drain.
+    if (console_)
+        console_->stop();
     for (auto& hook : stopping_hooks_)
         hook();
     for (;;) {
@@ -392,6 +407,8 @@ VmResult Vm::run()
             stop(VmOutcome::failed, fmt::format("I/O loop: {}", e.what()));
         }
     }
+    if (console_)
+        console_->finish();
     std::lock_guard lock(result_mutex_);
     return result_.value_or(VmResult{VmOutcome::stopped, "stopped"});
 }

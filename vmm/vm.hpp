@@ -27,6 +27,7 @@
 
 namespace agentvm {
 
+class ConsoleWriter;
 class SerialDevice;
 class VirtioBlk;
 class VirtioSlot;
@@ -126,6 +127,7 @@ private:
     Bus mmio_;
     EventLoop loop_;
     std::unique_ptr<SerialDevice> serial_;
+    std::unique_ptr<ConsoleWriter> console_;  // after serial_: it attaches to the device
     std::unique_ptr<VirtioBlk> blk_;
     std::unique_ptr<VirtioSlot> blk_slot_;  // after blk_: its transport refers to the device
     std::unique_ptr<VsockHost> vsock_host_;  // before vsock_: the device calls back into it

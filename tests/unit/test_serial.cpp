@@ -33,17 +33,6 @@ uint8_t iir_id(Serial& s)
     return s.read(uart::iir) & (UART_IIR_ID | UART_IIR_NO_INT);
 }
 
-std::string read_all(int fd)
-{
-    std::string text;
-    char buf[256];
-    REQUIRE(::lseek(fd, 0, SEEK_SET) == 0);
-    ssize_t n;
-    while ((n = ::read(fd, buf, sizeof buf)) > 0)
-        text.append(buf, static_cast<size_t>(n));
-    return text;
-}
-
 void guest_print(SerialDevice& dev, std::string_view text)
 {
     for (char c : text) {
@@ -323,86 +312,102 @@ TEST_CASE("serial: restore rejects state save() could not produce")
     CHECK_FALSE(u.serial.enqueue_input('y'));
 }
 
-TEST_CASE("serial device: console output reaches the fd, panic and ready lines are seen")
+TEST_CASE("serial device: console output is kept for the writer; panic and ready lines are seen")
 {
-    Fd out(::memfd_create("serial-test", MFD_CLOEXEC));
-    REQUIRE(out);
     std::vector<bool> levels;
-    {
-        SerialDevice dev(out.get(), [&](bool level) { levels.push_back(level); });
-        CHECK_FALSE(dev.ready());
-        CHECK_FALSE(dev.panic_line());
+    SerialDevice dev([&](bool level) { levels.push_back(level); });
+    int wakes = 0;
+    dev.set_output_ready([&] { ++wakes; });
+    CHECK_FALSE(dev.ready());
+    CHECK_FALSE(dev.panic_line());
 
-        guest_print(dev, "[    0.100000] booting\r\n");
-        guest_print(dev, "agentvm-init: ready-ish\r\n");
-        CHECK_FALSE(dev.ready());
-        guest_print(dev, "agentvm-init: ready\r\n");
-        CHECK(dev.ready());
-        CHECK(dev.ready_at().has_value());
+    guest_print(dev, "[    0.100000] booting\r\n");
+    CHECK(wakes == 1);
+    guest_print(dev, "agentvm-init: ready-ish\r\n");
+    CHECK(wakes == 1);  // the writer has not taken the first line yet: no second wake-up
+    CHECK_FALSE(dev.ready());
+    guest_print(dev, "agentvm-init: ready\r\n");
+    CHECK(dev.ready());
+    CHECK(dev.ready_at().has_value());
 
-        guest_print(dev, "[    1.5] Kernel panic - not syncing: VFS: Unable to mount root fs\r\n");
-        guest_print(dev, "[    1.6] Kernel panic - not syncing: second\r\n");
-        REQUIRE(dev.panic_line());
-        CHECK(*dev.panic_line() ==
-              "[    1.5] Kernel panic - not syncing: VFS: Unable to mount root fs");
+    guest_print(dev, "[    1.5] Kernel panic - not syncing: VFS: Unable to mount root fs\r\n");
+    guest_print(dev, "[    1.6] Kernel panic - not syncing: second\r\n");
+    REQUIRE(dev.panic_line());
+    CHECK(*dev.panic_line() ==
+          "[    1.5] Kernel panic - not syncing: VFS: Unable to mount root fs");
 
-        guest_print(dev, "$ ");  // a prompt, no newline yet
-        CHECK(levels.empty());   // IER was never enabled
-    }
-    // The destructor flushed the unterminated prompt.
-    CHECK(read_all(out.get()) ==
-          "[    0.100000] booting\r\nagentvm-init: ready-ish\r\nagentvm-init: ready\r\n"
+    guest_print(dev, "$ ");  // a prompt, no newline yet
+    CHECK(levels.empty());   // IER was never enabled
+    CHECK(dev.take_output(10) == "[    0.100");
+    CHECK(dev.take_output(SerialDevice::output_capacity) ==
+          "000] booting\r\nagentvm-init: ready-ish\r\nagentvm-init: ready\r\n"
           "[    1.5] Kernel panic - not syncing: VFS: Unable to mount root fs\r\n"
           "[    1.6] Kernel panic - not syncing: second\r\n$ ");
+    guest_print(dev, "next\n");
+    CHECK(wakes == 2);  // taken, so the next line wakes the writer again
+    CHECK(dev.output_dropped() == 0);
 }
 
-TEST_CASE("serial device: a partial line is flushed when the guest stops transmitting")
+TEST_CASE("serial device: without a writer, output is matched but not kept")
 {
-    int fds[2];
-    REQUIRE(::pipe2(fds, O_CLOEXEC | O_NONBLOCK) == 0);
-    Fd rd(fds[0]), wr(fds[1]);
-    SerialDevice dev(wr.get(), [](bool) {});
+    SerialDevice dev([](bool) {});
+    guest_print(dev, "agentvm-init: ready\n");
+    CHECK(dev.ready());
+    CHECK(dev.take_output(SerialDevice::output_capacity).empty());
+    CHECK(dev.output_dropped() == 0);
+}
+
+TEST_CASE("serial device: a partial line wakes the writer when the guest stops transmitting")
+{
+    SerialDevice dev([](bool) {});
+    int wakes = 0;
+    dev.set_output_ready([&] { ++wakes; });
     guest_print(dev, "$ ");
-    char buf[16];
-    CHECK(::read(rd.get(), buf, sizeof buf) == -1);  // held back, waiting for more
+    CHECK(wakes == 0);  // held back, waiting for more
     const uint8_t ier = 0;
     dev.bus_write(uart::ier, {&ier, 1});  // Linux's stop_tx
-    REQUIRE(::read(rd.get(), buf, sizeof buf) == 2);
-    CHECK(std::string(buf, 2) == "$ ");
+    CHECK(wakes == 1);
+    CHECK(dev.take_output(16) == "$ ");
 }
 
 TEST_CASE("serial device: a console line longer than the tracking cap is output whole")
 {
-    Fd out(::memfd_create("serial-test", MFD_CLOEXEC));
-    REQUIRE(out);
     const std::string long_line(3 * SerialDevice::max_line, 'a');
-    {
-        SerialDevice dev(out.get(), [](bool) {});
-        guest_print(dev, long_line + "Kernel panic - not syncing\n");
-        CHECK_FALSE(dev.panic_line());  // cut off from matching, but not from output
-        guest_print(dev, "agentvm-init: ready\n");
-        CHECK(dev.ready());
-    }
-    CHECK(read_all(out.get()) == long_line + "Kernel panic - not syncing\nagentvm-init: ready\n");
+    SerialDevice dev([](bool) {});
+    int wakes = 0;
+    dev.set_output_ready([&] { ++wakes; });
+    guest_print(dev, long_line + "Kernel panic - not syncing\n");
+    CHECK(wakes == 1);  // a line's worth piled up: the writer need not wait for its end
+    CHECK_FALSE(dev.panic_line());  // cut off from matching, but not from output
+    guest_print(dev, "agentvm-init: ready\n");
+    CHECK(dev.ready());
+    CHECK(dev.take_output(SerialDevice::output_capacity) ==
+          long_line + "Kernel panic - not syncing\nagentvm-init: ready\n");
 }
 
-TEST_CASE("serial device: a failing output fd is not fatal")
+TEST_CASE("serial device: output beyond the bound is dropped and counted, with one wake-up per burst")
 {
-    int fds[2];
-    REQUIRE(::pipe2(fds, O_CLOEXEC) == 0);
-    Fd rd(fds[0]), wr(fds[1]);
-    rd.reset();  // writes now fail with EPIPE (SIGPIPE ignored below)
-    const auto old = ::signal(SIGPIPE, SIG_IGN);
-    SerialDevice dev(wr.get(), [](bool) {});
-    CHECK_NOTHROW(guest_print(dev, "lost\nagentvm-init: ready\n"));
-    CHECK(dev.ready());
-    ::signal(SIGPIPE, old);
+    SerialDevice dev([](bool) {});
+    int wakes = 0;
+    dev.set_output_ready([&] { ++wakes; });
+    guest_print(dev, std::string(SerialDevice::output_capacity + 1000, 'x'));
+    CHECK(dev.output_dropped() == 1000);
+    // One for a line's worth piling up, one as the loss began; none for each byte lost.
+    CHECK(wakes == 2);
+    // The loss is reported even though the writer took nothing since its first wake-up.
+    guest_print(dev, std::string(10, 'y'));
+    CHECK(wakes == 2);
+    CHECK(dev.output_dropped() == 1010);
+    CHECK(dev.take_output(SerialDevice::output_capacity) == std::string(SerialDevice::output_capacity, 'x'));
+    guest_print(dev, std::string(SerialDevice::output_capacity + 1, 'z'));
+    CHECK(wakes == 4);  // a line's worth, and a new burst of loss
+    CHECK(dev.output_dropped() == 1011);
 }
 
 TEST_CASE("serial device: interrupt line and host input beyond the FIFO")
 {
     std::vector<bool> levels;
-    SerialDevice dev(-1, [&](bool level) { levels.push_back(level); });
+    SerialDevice dev([&](bool level) { levels.push_back(level); });
     const uint8_t rdi = UART_IER_RDI;
     dev.bus_write(uart::ier, {&rdi, 1});
     CHECK(levels.empty());
@@ -437,7 +442,7 @@ TEST_CASE("serial device: interrupt line and host input beyond the FIFO")
 TEST_CASE("serial device: host input waits until a guest driver listens, surviving its FIFO reset")
 {
     std::vector<bool> levels;
-    SerialDevice dev(-1, [&](bool level) { levels.push_back(level); });
+    SerialDevice dev([&](bool level) { levels.push_back(level); });
     const uint8_t typed[] = {'l', 's', '\n'};
     dev.push_input(typed);  // typed while the kernel is still booting
     uint8_t lsr = 0;
@@ -467,7 +472,7 @@ TEST_CASE("serial device: host input waits until a guest driver listens, survivi
 TEST_CASE("serial device: THRE interrupt edges for the Linux transmit path")
 {
     std::vector<bool> levels;
-    SerialDevice dev(-1, [&](bool level) { levels.push_back(level); });
+    SerialDevice dev([&](bool level) { levels.push_back(level); });
     const uint8_t thri = UART_IER_THRI;
     dev.bus_write(uart::ier, {&thri, 1});  // start_tx
     CHECK(levels == std::vector<bool>{true});
@@ -485,14 +490,14 @@ TEST_CASE("serial device: THRE interrupt edges for the Linux transmit path")
 TEST_CASE("serial device: save and restore go through the adapter and re-drive the IRQ")
 {
     std::vector<bool> levels;
-    SerialDevice a(-1, [](bool) {});
+    SerialDevice a([](bool) {});
     const uint8_t rdi = UART_IER_RDI;
     a.bus_write(uart::ier, {&rdi, 1});
     const uint8_t in[] = {'k'};
     a.push_input(in);
     const Serial::State saved = a.save();
 
-    SerialDevice b(-1, [&](bool level) { levels.push_back(level); });
+    SerialDevice b([&](bool level) { levels.push_back(level); });
     b.restore(saved);
     CHECK(levels == std::vector<bool>{true});
     CHECK(b.save() == saved);
