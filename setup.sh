@@ -15,6 +15,66 @@ start=$SECONDS
 
 say() { printf 'setup: [%4ds] %s\n' "$((SECONDS - start))" "$*" >&2; }
 
+# Everything the set-up prints goes to stderr, ninja's progress included: stdout is the demo's.
+# ninja's status line: edges finished/total and seconds since that ninja started (full command
+# lines only for a step that fails).
+export NINJA_STATUS=${NINJA_STATUS:-'[%f/%t %es] '}
+
+# A step that can be quiet for minutes (apt, the kernel build, debootstrap, the bake) says every
+# this many seconds that it still runs.
+readonly HEARTBEAT_S=60
+ticker=
+
+# Says every HEARTBEAT_S seconds, until stop_ticker, that step LABEL (begun at second T0) runs.
+start_ticker() {
+  local label=$1 t0=$2
+  (
+    nap=
+    trap '[[ -z $nap ]] || kill "$nap" 2>/dev/null; exit 0' TERM
+    # $$ is the set-up itself: if it dies without stopping us, we stop too.
+    while kill -0 "$$" 2>/dev/null; do
+      sleep "$HEARTBEAT_S" &
+      nap=$!
+      wait "$nap"
+      say "$label: still running, $((SECONDS - t0))s so far"
+    done
+  ) >&2 &
+  ticker=$!
+}
+
+stop_ticker() {
+  [[ -n $ticker ]] || return 0
+  kill "$ticker" 2>/dev/null || true
+  wait "$ticker" 2>/dev/null || true
+  ticker=
+}
+trap stop_ticker EXIT
+
+# step [--no-heartbeat] LABEL CMD...: runs CMD as one step of the set-up. Says LABEL before it,
+# its time after it and, unless CMD shows progress of its own, every HEARTBEAT_S seconds that it
+# still runs. Returns CMD's status. CMD runs where `set -e` does not apply: a function given as
+# CMD must return its failures itself.
+step() {
+  local heartbeat=1
+  if [[ $1 == --no-heartbeat ]]; then
+    heartbeat=0
+    shift
+  fi
+  local label=$1 t0=$SECONDS status=0
+  shift
+  say "$label"
+  if ((heartbeat)); then
+    start_ticker "$label" "$t0"
+  fi
+  "$@" || status=$?
+  stop_ticker
+  if ((status)); then
+    say "$label: failed after $((SECONDS - t0))s"
+    return "$status"
+  fi
+  say "$label: done in $((SECONDS - t0))s"
+}
+
 packages=(
   build-essential meson ninja-build pkg-config clang libclang-rt-14-dev
   linux-libc-dev liburing-dev libcli11-dev libspdlog-dev libfmt-dev doctest-dev
@@ -31,22 +91,36 @@ install_missing_packages() {
   done
   if ((${#missing[@]})); then
     [[ $EUID -eq 0 ]] || { echo "setup: must run as root to install: ${missing[*]}" >&2; exit 1; }
-    say "installing ${missing[*]}"
-    apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+    say "missing packages: ${missing[*]}"
+    step "installing ${#missing[@]} packages (apt-get)" install_packages "${missing[@]}"
   fi
 }
 
-build_vmm() {
-  say "building the VMM (build/)"
-  [[ -f build/build.ninja ]] || meson setup build >/dev/null
-  ninja -C build >/dev/null
+install_packages() {
+  apt-get update -qq >&2 &&
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@" >/dev/null
 }
 
+# Runs meson setup ARGS...; its long report is shown only if it fails.
+meson_setup() {
+  local log
+  log=$(meson setup "$@" 2>&1) || { printf '%s\n' "$log" >&2; return 1; }
+}
+
+build_vmm() {
+  if [[ ! -f build/build.ninja ]]; then
+    step --no-heartbeat "configuring build/ (meson setup)" meson_setup build
+  fi
+  # ninja prints its own progress: one line per edge, or one updated line on a terminal.
+  step --no-heartbeat "building the VMM, the guest init and agent (ninja -C build)" ninja -C build >&2
+}
+
+# Both print their own progress on stderr, and nothing when cached.
 build_guest() {
   mkdir -p build/guest
-  kernel-config/build.sh build/guest/vmlinux
-  rootfs/build.sh build/guest/agentvm-init build/guest/agent/agentvm-agent build/guest/rootfs.ext4
+  step "guest kernel (kernel-config/build.sh)" kernel-config/build.sh build/guest/vmlinux >&2
+  step "guest root filesystem (rootfs/build.sh)" \
+    rootfs/build.sh build/guest/agentvm-init build/guest/agent/agentvm-agent build/guest/rootfs.ext4 >&2
 }
 
 # True when this host's /dev/kvm can boot a Linux guest (hardware KVM). On PVM, or without
@@ -73,11 +147,15 @@ bake_default_snapshot() {
   key=$({ sha256sum build/agentvm; stat -L -c '%d %i %s %Y %Z' build/guest/vmlinux build/guest/rootfs.ext4; } |
         sha256sum | cut -d' ' -f1)
   if [[ -f $snapshot/manifest.json && $(cat "$snapshot.key" 2>/dev/null) == "$key" ]]; then
+    say "default snapshot $snapshot is current"
     return
   fi
-  say "baking the default snapshot ($snapshot)"
+  local where="on this host's KVM"
+  hardware_kvm || where="in the emulated test host, slow"
   rm -rf "$snapshot" "$snapshot.key" "$snapshot".partial-*
-  if agentvm_where_guests_boot --log-level warn snapshot bake --out "$snapshot" --boot-timeout 300; then
+  # Quiet until it is done (the guest boots and settles), hence the heartbeat.
+  if step "baking the default snapshot ($snapshot, $where)" \
+      agentvm_where_guests_boot --log-level warn snapshot bake --out "$snapshot" --boot-timeout 300 >&2; then
     echo "$key" >"$snapshot.key"
   else
     rm -rf "$snapshot"

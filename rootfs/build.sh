@@ -9,10 +9,13 @@
 # Needs root (debootstrap, and mkfs.ext4 -d must read root-owned files and device nodes).
 set -euo pipefail
 
+# The guest is bookworm whatever the host runs: the kernel is bookworm's linux-source-6.1 and
+# the guest tools are built for it. Only the mirror comes from the host (see find_mirror).
 readonly SUITE=bookworm
 # minbase already brings bash, coreutils, util-linux, findutils, grep, sed, tar, gzip, dpkg, apt.
 readonly PACKAGES=(python3 procps)
-readonly MIRROR=${AGENTVM_DEBIAN_MIRROR:-http://deb.debian.org/debian}
+# Where find_mirror reads the host's apt sources when AGENTVM_DEBIAN_MIRROR is not set.
+readonly APT_ETC=${AGENTVM_APT_ETC:-/etc/apt}
 # Guest writes land in the VMM's copy-on-write overlay, but ext4 still has to find free blocks.
 # Unwritten blocks cost nothing: the image is sparse and the overlay stores only writes.
 readonly HEADROOM_MIB=${AGENTVM_ROOTFS_HEADROOM_MIB:-512}
@@ -44,6 +47,7 @@ usage() {
 }
 
 [[ $# -eq 3 ]] || usage
+script_dir=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 init_binary=$1
 agent_binary=$2
 out_path=$3
@@ -89,7 +93,11 @@ prune() {
 }
 
 if [[ -f $image ]]; then
-    touch "$image"
+    # Marks it most recently used for prune(), unless it already is: a touch moves the image's
+    # mtime and ctime, which the VMM's snapshot check and setup.sh's bake key both read, so a
+    # needless one would cost a rehash at every restore and a bake at every setup.sh run.
+    # shellcheck disable=SC2012 # cache names are our hex keys
+    [[ $(ls -1t "$cache_root"/image-*.ext4 | head -n 1) == "$image" ]] || touch "$image"
     install_link "$image" "$out_path"
     progress "cached image $image"
     exit 0
@@ -139,19 +147,41 @@ EOF
     [[ -e $dir/dev/null ]] || mknod -m 0666 "$dir/dev/null" c 1 3
 }
 
+# Sets mirror and mirror_from: AGENTVM_DEBIAN_MIRROR, else the first entry of the main Debian
+# archive in this host's apt sources (rootfs/apt_mirror.sh), so a host behind a company mirror
+# builds its guest from that mirror too. Only a tree that is not cached needs it.
+find_mirror() {
+    if [[ -n ${AGENTVM_DEBIAN_MIRROR:-} ]]; then
+        mirror=$AGENTVM_DEBIAN_MIRROR
+        mirror_from=AGENTVM_DEBIAN_MIRROR
+        return
+    fi
+    local found host_suite
+    found=$("$script_dir/apt_mirror.sh" "$APT_ETC") ||
+        die "no Debian mirror in this host's apt sources (above); set AGENTVM_DEBIAN_MIRROR, e.g. AGENTVM_DEBIAN_MIRROR=http://deb.debian.org/debian"
+    read -r mirror host_suite mirror_from <<<"$found"
+    # The host may run another release (or name it stable): the guest stays $SUITE, taken from
+    # the same mirror, which a full Debian mirror carries. debootstrap says so if it does not.
+    if [[ $host_suite != "$SUITE" ]]; then
+        progress "this host's apt uses suite $host_suite; the guest is $SUITE all the same, from the same mirror"
+    fi
+}
+
 build_tree() {
     local tmp=$tree_dir.tmp.$$
     local log=$cache_root/debootstrap-$tree_key.log
     local include
     include=$(IFS=,; echo "${PACKAGES[*]}")
+    local mirror mirror_from
+    find_mirror
     rm -rf "$tmp"
     mkdir -p "$cache_root/debs"
-    progress "debootstrap $SUITE (minbase + $include) from $MIRROR, log: $log"
+    progress "debootstrap $SUITE (minbase + $include) from $mirror (from $mirror_from), log: $log"
     if ! debootstrap --variant=minbase --include="$include" --components=main \
-            --cache-dir="$cache_root/debs" "$SUITE" "$tmp" "$MIRROR" >"$log" 2>&1; then
+            --cache-dir="$cache_root/debs" "$SUITE" "$tmp" "$mirror" >"$log" 2>&1; then
         tail -n 30 "$log" >&2
         rm -rf "$tmp"
-        die "debootstrap failed, full log: $log"
+        die "debootstrap of $SUITE from $mirror (from $mirror_from) failed, full log: $log; another mirror: AGENTVM_DEBIAN_MIRROR=URI"
     fi
     progress "debootstrap done ($(du -sm "$tmp" | cut -f1) MiB)"
     trim_tree "$tmp"

@@ -8,20 +8,59 @@ repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$repo"
 
 status=0
+start=$SECONDS
+say() { printf 'tests: [%4ds] %s\n' "$((SECONDS - start))" "$*" >&2; }
+
+# Builds show ninja's progress on stderr (stdout is the tests' results): edges finished/total
+# and seconds since that ninja started.
+export NINJA_STATUS=${NINJA_STATUS:-'[%f/%t %es] '}
+
+# build_for_tests DIR [SUITE]: builds what the tests of DIR (of SUITE only, if given) need, the
+# targets `meson test` would rebuild, with ninja's progress on stderr. meson test still checks
+# (its own rebuild prints to stdout, amid the results; here it finds nothing left to do). When
+# the build fails, that build's tests are not run and its missing testlog counts as a failure.
+build_for_tests() {
+  local dir=$1 suite=${2:-} targets t0=$SECONDS
+  say "building ${suite:-all} tests in $dir/"
+  targets=$(meson introspect "$dir" --tests --targets | python3 -c '
+import json, os, sys
+build, suite = sys.argv[1:]
+info = json.load(sys.stdin)
+files = {target["id"]: target["filename"] for target in info["targets"]}
+wanted = set()
+for test in info["tests"]:
+    if not suite or any(s == suite or s.endswith(":" + suite) for s in test["suite"]):
+        for dep in test["depends"]:
+            wanted.update(os.path.relpath(f, build) for f in files.get(dep, []))
+print("\n".join(sorted(wanted)))
+' "$dir" "$suite") || return 1
+  # shellcheck disable=SC2086 # meson's target paths have no blanks
+  ninja -C "$dir" $targets >&2 || return 1
+  say "built ${suite:-all} tests in $dir/ in $((SECONDS - t0))s"
+}
+
 # A stale log from an earlier run must never be counted as this run's result.
 rm -f build/meson-logs/testlog.json build-asan/meson-logs/testlog.json
-echo "tests: unit tier under AddressSanitizer and UBSan (build-asan/)" >&2
+say "unit and jail tiers under AddressSanitizer and UBSan (build-asan/)"
 if [[ ! -f build-asan/build.ninja ]]; then
-  meson setup build-asan -Db_sanitize=address,undefined -Db_lundef=false >/dev/null || status=1
+  say "configuring build-asan/ (meson setup)"
+  if ! log=$(meson setup build-asan -Db_sanitize=address,undefined -Db_lundef=false 2>&1); then
+    printf '%s\n' "$log" >&2
+    status=1
+  fi
 fi
-UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
-  meson test -C build-asan --suite unit --print-errorlogs || status=1
+if build_for_tests build-asan unit && build_for_tests build-asan jail; then
+  UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+    meson test -C build-asan --suite unit --suite jail --print-errorlogs || status=1
+else
+  status=1
+fi
 
 # --- fuzz targets (tests/fuzz/) ---------------------------------------------------------
 # Each libFuzzer target fuzzes for a few seconds in build-fuzz/ (clang, ASan + UBSan), set up
 # and built (the fuzz targets only) by tests/fuzz/configure.sh; bench/fuzz runs them longer.
 # Without clang or libFuzzer every fuzz test reports SKIP with the reason.
-echo "tests: fuzz targets, briefly (build-fuzz/)" >&2
+say "fuzz targets, briefly (build-fuzz/)"
 rm -f build-fuzz/meson-logs/testlog.json  # never count an earlier run's
 if tests/fuzz/configure.sh build-fuzz; then
   meson test -C build-fuzz --suite fuzz --no-rebuild --print-errorlogs || status=1
@@ -30,8 +69,12 @@ else
 fi
 # --- end of fuzz targets ------------------------------------------------------------------
 
-echo "tests: every tier (build/)" >&2
-meson test -C build --print-errorlogs || status=1
+say "every tier (build/)"
+if build_for_tests build; then
+  meson test -C build --print-errorlogs || status=1
+else
+  status=1
+fi
 
 python3 - build-asan/meson-logs/testlog.json build-fuzz/meson-logs/testlog.json build/meson-logs/testlog.json <<'PY'
 import json, sys

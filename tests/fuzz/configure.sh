@@ -28,9 +28,8 @@ if [[ ! -f $build/build.ninja ]]; then
   grep 'WARNING: fuzz' <<<"$log" >&2 || true
 fi
 # Only the fuzz targets: the rest of the project is built and tested in build/ and build-asan/.
+# ninja's progress goes to stderr (edges finished/total, seconds so far); it shows the command
+# of a step that fails.
 if ninja -C "$build" -t query fuzz-targets >/dev/null 2>&1; then
-  if ! log=$(ninja -C "$build" fuzz-targets 2>&1); then
-    printf '%s\n' "$log" >&2
-    exit 1
-  fi
+  NINJA_STATUS=${NINJA_STATUS:-'[%f/%t %es] '} ninja -C "$build" fuzz-targets >&2
 fi
