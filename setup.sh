@@ -26,19 +26,20 @@ readonly HEARTBEAT_S=60
 ticker=
 
 # Says every HEARTBEAT_S seconds, until stop_ticker, that step LABEL (begun at second T0) runs.
+# The ticker is one subshell without children that linger: its sleep is the read builtin timing
+# out on a pipe it holds both ends of, so stop_ticker's kill leaves nothing behind holding stderr.
+# It also stops by itself once the set-up ($$) is gone. Its lines go to fd 3, the set-up's
+# stderr; its own stderr is /dev/null from the fork on, since bash 5.2 may warn there about an
+# earlier ticker.
 start_ticker() {
   local label=$1 t0=$2
-  (
-    nap=
-    trap '[[ -z $nap ]] || kill "$nap" 2>/dev/null; exit 0' TERM
-    # $$ is the set-up itself: if it dies without stopping us, we stop too.
-    while kill -0 "$$" 2>/dev/null; do
-      sleep "$HEARTBEAT_S" &
-      nap=$!
-      wait "$nap"
-      say "$label: still running, $((SECONDS - t0))s so far"
-    done
-  ) >&2 &
+  {
+    (
+      while read -r -t "$HEARTBEAT_S" <> <(:) || true; kill -0 "$$" 2>/dev/null; do
+        say "$label: still running, $((SECONDS - t0))s so far" 2>&3
+      done
+    ) &
+  } 3>&2 2>/dev/null
   ticker=$!
 }
 
