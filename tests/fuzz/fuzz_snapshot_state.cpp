@@ -313,7 +313,7 @@ Seeds make_seeds()
         s.control.push_back({{7, 1001}, VIRTIO_VSOCK_OP_RST, 0, vsock_host_cid});
         doc["vsock"] = {{"device", s}, {"transport", transport}};
     }
-    doc["memory"] = {{"warm_writes", runs_to_json({{16, 4}, {100, 1}, {4000, 96}})}};
+    doc["memory"] = {{"warm_writes", state_codec::runs_to_json({{16, 4}, {100, 1}, {4000, 96}})}};
 
     Seeds seeds;
     seeds.emplace_back("state", encode_cbor(doc));
