@@ -1,6 +1,6 @@
 // Reads JSON lines from an fd on the event loop (the harness's stdin, the agent's socket):
-// bytes are read as the fd polls readable and split by LineFramer, so a line longer than
-// the cap costs no memory. The fd is read with plain read(2) after poll, never blocking.
+// bytes are read by an FdReader and split by LineFramer, so a line longer than the cap costs
+// no memory.
 #pragma once
 
 #include <cstddef>
@@ -9,7 +9,7 @@
 #include <string_view>
 
 #include "protocol/line_framer.hpp"
-#include "core/event_loop.hpp"
+#include "core/fd_reader.hpp"
 
 namespace agentvm {
 
@@ -22,30 +22,26 @@ public:
     };
 
     LineReader(EventLoop& loop, int fd, size_t max_line, Handlers handlers);
-    ~LineReader();
     LineReader(const LineReader&) = delete;
     LineReader& operator=(const LineReader&) = delete;
 
-    void start();
+    void start() { reader_.start(); }
     // Optional: runs after each read that leaves a line unfinished, with what has arrived of
     // it (valid during the call). A long line still crossing is progress to a watchdog.
     void on_partial_line(std::function<void(std::string_view partial)> handler) { on_partial_ = std::move(handler); }
     // Backpressure: stop reading until resume() (lines already read are still delivered).
-    void pause();
-    void resume();
-    bool ended() const { return ended_; }
+    void pause() { reader_.pause(); }
+    void resume() { reader_.resume(); }
+    bool ended() const { return reader_.ended(); }
 
 private:
-    void on_readable();
+    void on_bytes(std::string_view bytes);
+    void on_end(int err);
 
-    EventLoop& loop_;
-    int fd_;
     Handlers handlers_;
     std::function<void(std::string_view)> on_partial_;
     LineFramer framer_;
-    bool watching_ = false;
-    bool paused_ = false;
-    bool ended_ = false;
+    FdReader reader_;
 };
 
 } // namespace agentvm

@@ -1,78 +1,36 @@
 #include "cli/response_stream.hpp"
 
-#include <unistd.h>
-
-#include <cerrno>
 #include <utility>
 
 #include <fmt/format.h>
 
 namespace agentvm {
-namespace {
-
-constexpr size_t read_size = 256 * 1024;
-
-} // namespace
 
 ResponseStream::ResponseStream(EventLoop& loop, int fd, size_t max_line, Handlers handlers)
-    : loop_(loop), fd_(fd), max_line_(max_line), handlers_(std::move(handlers))
+    : max_line_(max_line), handlers_(std::move(handlers)),
+      reader_(loop, fd,
+              {[this](std::string_view bytes) { on_bytes(bytes); }, [this](int err) { on_end(err); }})
 {
 }
 
-ResponseStream::~ResponseStream()
+void ResponseStream::on_bytes(std::string_view bytes)
 {
-    if (watching_)
-        loop_.unwatch(fd_);
-}
-
-void ResponseStream::start()
-{
-    if (watching_ || stopped_ || paused_)
-        return;
-    watching_ = true;
-    loop_.watch_readable(fd_, [this] { on_readable(); });
-}
-
-void ResponseStream::pause()
-{
-    paused_ = true;
-    if (watching_) {
-        loop_.unwatch(fd_);
-        watching_ = false;
+    while (!bytes.empty()) {
+        const size_t newline = bytes.find('\n');
+        if (!take(bytes.substr(0, newline)))
+            return;
+        if (newline == std::string_view::npos)
+            break;
+        if (!end_line())
+            return;
+        bytes.remove_prefix(newline + 1);
     }
+    if (line_started_ && scanner_.id())
+        handlers_.on_progress(*scanner_.id());
 }
 
-void ResponseStream::resume()
+void ResponseStream::on_end(int err)
 {
-    paused_ = false;
-    start();
-}
-
-void ResponseStream::on_readable()
-{
-    static thread_local std::string buffer(read_size, '\0');
-    const ssize_t n = ::read(fd_, buffer.data(), buffer.size());
-    if (n < 0 && (errno == EAGAIN || errno == EINTR))
-        return;
-    if (n > 0) {
-        std::string_view bytes(buffer.data(), static_cast<size_t>(n));
-        while (!bytes.empty()) {
-            const size_t newline = bytes.find('\n');
-            if (!take(bytes.substr(0, newline)))
-                return;
-            if (newline == std::string_view::npos)
-                break;
-            if (!end_line())
-                return;
-            bytes.remove_prefix(newline + 1);
-        }
-        if (line_started_ && scanner_.id())
-            handlers_.on_progress(*scanner_.id());
-        return;
-    }
-    const int err = n < 0 ? errno : 0;
-    stopped_ = true;
-    pause();
     // A last line without '\n' still counts, as on the agent's side.
     if (line_started_ && !end_line())
         return;
@@ -123,8 +81,7 @@ bool ResponseStream::end_line()
 
 void ResponseStream::stop()
 {
-    stopped_ = true;
-    pause();
+    reader_.stop();
     if (passing_)
         handlers_.on_bytes("\n");
     passing_ = false;

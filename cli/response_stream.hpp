@@ -11,7 +11,7 @@
 #include <string>
 
 #include "cli/response_summary.hpp"
-#include "core/event_loop.hpp"
+#include "core/fd_reader.hpp"
 
 namespace agentvm {
 
@@ -32,27 +32,25 @@ public:
     };
 
     ResponseStream(EventLoop& loop, int fd, size_t max_line, Handlers handlers);
-    ~ResponseStream();
     ResponseStream(const ResponseStream&) = delete;
     ResponseStream& operator=(const ResponseStream&) = delete;
 
-    void start();
+    void start() { reader_.start(); }
     // Backpressure: stop reading until resume() (bytes already read are still passed on).
-    void pause();
-    void resume();
+    void pause() { reader_.pause(); }
+    void resume() { reader_.resume(); }
     // Reads no more; a line partly passed on is ended with a newline first, so that what
     // is written after it starts a line of its own.
     void stop();
 
 private:
-    void on_readable();
+    void on_bytes(std::string_view bytes);
+    void on_end(int err);
     // Takes bytes up to the line's end (or all of them); false after a bad line.
     bool take(std::string_view bytes);
     bool end_line();
     void bad_line(const std::string& why);
 
-    EventLoop& loop_;
-    int fd_;
     size_t max_line_;
     Handlers handlers_;
     ResponseScanner scanner_;
@@ -60,9 +58,7 @@ private:
     size_t line_bytes_ = 0;   // of the line so far
     bool passing_ = false;    // this line is too long to hold: its bytes go on as they come
     bool line_started_ = false;
-    bool watching_ = false;
-    bool paused_ = false;
-    bool stopped_ = false;  // ended or a bad line: nothing more is read
+    FdReader reader_;
 };
 
 } // namespace agentvm

@@ -27,8 +27,6 @@ using namespace state_codec;
 
 namespace {
 
-constexpr uint32_t shutdown_mask = VIRTIO_VSOCK_SHUTDOWN_RCV | VIRTIO_VSOCK_SHUTDOWN_SEND;
-
 // --- virtio-vsock pieces ------------------------------------------------------------------
 
 using ConnState = VirtioVsock::ConnState;
@@ -153,7 +151,7 @@ VirtioVsock::ConnectionState parse_connection(const json& j, std::string_view pa
                                                value));
     }
     // The guest shutting down both directions makes the device answer RST and drop the connection.
-    if (c.peer_shutdown == shutdown_mask)
+    if (c.peer_shutdown == vsock_shutdown_both)
         fail(f.path("peer_shutdown"), "the guest shut down both directions, yet the connection is live");
     // Its SHUTDOWN(RCV) dropped what waited for it, and send() takes nothing afterwards.
     if ((c.peer_shutdown & VIRTIO_VSOCK_SHUTDOWN_RCV) && !c.pending.empty())

@@ -17,8 +17,6 @@ static_assert(std::endian::native == std::endian::little, "virtio-vsock assumes 
 
 namespace {
 
-constexpr uint32_t shutdown_mask = VIRTIO_VSOCK_SHUTDOWN_RCV | VIRTIO_VSOCK_SHUTDOWN_SEND;
-
 constexpr bool known_op(uint16_t op)
 {
     return op >= VIRTIO_VSOCK_OP_REQUEST && op <= VIRTIO_VSOCK_OP_CREDIT_REQUEST;
@@ -349,7 +347,7 @@ void VirtioVsock::handle_packet(const VsockPacket& pkt)
         drop_connection(id, false, true);
         return;
     case VIRTIO_VSOCK_OP_SHUTDOWN: {
-        const uint32_t flags = h.flags & shutdown_mask;  // unknown bits are ignored
+        const uint32_t flags = h.flags & vsock_shutdown_both;  // unknown bits are ignored
         conn->s.peer_shutdown |= flags;
         if (flags & VIRTIO_VSOCK_SHUTDOWN_RCV) {
             // The guest reads no more: what we hold for it can never be delivered.
@@ -357,7 +355,7 @@ void VirtioVsock::handle_packet(const VsockPacket& pkt)
             conn->front_offset = 0;
             conn->queued = 0;
         }
-        const bool both = conn->s.peer_shutdown == shutdown_mask;
+        const bool both = conn->s.peer_shutdown == vsock_shutdown_both;
         if (flags != 0)
             backend_.on_shutdown(id, flags);
         // Both directions closed: answer RST, as Linux's host side does (the guest's close()
@@ -680,7 +678,7 @@ void VirtioVsock::shutdown(VsockConnId id, uint32_t flags)
 {
     std::lock_guard lock(mutex());
     Connection* conn = find(id);
-    flags &= shutdown_mask;
+    flags &= vsock_shutdown_both;
     if (!conn || flags == 0 || (conn->s.local_shutdown | flags) == conn->s.local_shutdown)
         return;
     if (conn->s.state == ConnState::connecting) {
@@ -768,7 +766,7 @@ void VirtioVsock::restore(const State& state)
             fail(where + " out of order or duplicated");
         if (c.state != ConnState::connecting && c.state != ConnState::established)
             fail(where + ": bad state");
-        if ((c.local_shutdown | c.peer_shutdown) & ~shutdown_mask)
+        if ((c.local_shutdown | c.peer_shutdown) & ~vsock_shutdown_both)
             fail(where + ": bad shutdown flags");
         if (c.pending.size() > send_queue_cap)
             fail(where + ": send queue over its cap");
@@ -784,7 +782,7 @@ void VirtioVsock::restore(const State& state)
     if (state.event_pending && state.reset_avail)
         fail("a transport reset both pending and awaiting the guest");
     for (const auto& q : state.control) {
-        if (!known_op(q.op) || (q.flags & ~shutdown_mask) != 0)
+        if (!known_op(q.op) || (q.flags & ~vsock_shutdown_both) != 0)
             fail(fmt::format("bad queued reply op {} flags {:#x}", q.op, q.flags));
         if (q.src_cid != vsock_host_cid && q.op != VIRTIO_VSOCK_OP_RST)
             fail(fmt::format("queued op {} from CID {}", q.op, q.src_cid));

@@ -63,6 +63,8 @@ namespace agentvm {
 
 inline constexpr uint64_t vsock_host_cid = 2;  // VMADDR_CID_HOST
 inline constexpr uint32_t vsock_hdr_bytes = sizeof(virtio_vsock_hdr);
+// Both directions of a SHUTDOWN; any other bit is unknown.
+inline constexpr uint32_t vsock_shutdown_both = VIRTIO_VSOCK_SHUTDOWN_RCV | VIRTIO_VSOCK_SHUTDOWN_SEND;
 static_assert(vsock_hdr_bytes == 44);
 // Largest payload accepted in one packet from the guest, and sent in one to it: Linux's
 // VIRTIO_VSOCK_MAX_PKT_BUF_SIZE. Bounds the copy out of guest RAM.
@@ -217,7 +219,7 @@ public:
     void consumed(VsockConnId id, size_t bytes);
     // Host will send no more (SHUTDOWN_SEND) and/or receive no more (SHUTDOWN_RCV); the
     // SHUTDOWN goes out after the data already queued.
-    void shutdown(VsockConnId id, uint32_t flags = VIRTIO_VSOCK_SHUTDOWN_RCV | VIRTIO_VSOCK_SHUTDOWN_SEND);
+    void shutdown(VsockConnId id, uint32_t flags = vsock_shutdown_both);
     // Drops the connection now (queued data too) and tells the guest with RST.
     void reset(VsockConnId id);
     // Queues VIRTIO_VSOCK_EVENT_TRANSPORT_RESET (the guest then drops its sockets and

@@ -11,6 +11,13 @@
 #include "vmm/kvm_abi.hpp"
 
 namespace agentvm {
+
+void kvm_ioctl(int fd, unsigned long request, const void* arg, const char* what)
+{
+    if (::ioctl(fd, request, arg) < 0)
+        throw_errno(what);
+}
+
 namespace {
 
 // What the VMM cannot work without; each is checked up front so a missing one is one clear

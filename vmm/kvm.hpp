@@ -11,6 +11,9 @@
 
 namespace agentvm {
 
+// An ioctl on a KVM fd (system, VM or vCPU) that must succeed: throws Error naming `what`.
+void kvm_ioctl(int fd, unsigned long request, const void* arg, const char* what);
+
 class Kvm {
 public:
     // Throws Error naming the problem: missing /dev/kvm, no permission, wrong API, missing cap.

@@ -11,6 +11,7 @@
 
 #include "common/error.hpp"
 #include "vmm/kvm_abi.hpp"
+#include "vmm/kvm.hpp"
 
 namespace agentvm {
 namespace {
@@ -19,12 +20,6 @@ constexpr uint32_t msr_ia32_tsc_deadline = 0x6e0;
 
 // msr_io() in arch/x86/kvm/x86.c refuses MAX_IO_MSRS (256) entries or more in one call.
 constexpr size_t max_msrs_per_call = 255;
-
-void vcpu_ioctl(int fd, unsigned long request, const void* arg, const char* name)
-{
-    if (::ioctl(fd, request, arg) < 0)
-        throw_errno(name);
-}
 
 // MSRs that KVM emulates but leaves out of KVM_GET_MSR_INDEX_LIST. Firecracker adds the same
 // ones when CPUID announces the feature (msrs_to_save_by_cpuid in its cpuid/common.rs): the
@@ -55,7 +50,7 @@ std::vector<uint32_t> msr_index_list(const Kvm& kvm)
         throw_errno("KVM_GET_MSR_INDEX_LIST");
     kvm_abi::MsrIndexArray list(count.nmsrs);
     list.header().nmsrs = count.nmsrs;
-    vcpu_ioctl(kvm.fd(), kvm_abi::get_msr_index_list, list.data(), "KVM_GET_MSR_INDEX_LIST");
+    kvm_ioctl(kvm.fd(), kvm_abi::get_msr_index_list, list.data(), "KVM_GET_MSR_INDEX_LIST");
     auto indices = list.entries().first(std::min(list.header().nmsrs, count.nmsrs));
     return {indices.begin(), indices.end()};
 }
@@ -136,9 +131,9 @@ std::vector<uint8_t> get_xsave(const Kvm& kvm, int fd)
                                 "vCPU state holds", area.size(), max_xsave_bytes));
     // KVM_GET_XSAVE refuses an area larger than 4 KiB; KVM_GET_XSAVE2 writes all of it.
     if (kvm.check_extension(KVM_CAP_XSAVE2) > 0)
-        vcpu_ioctl(fd, kvm_abi::get_xsave2, area.data(), "KVM_GET_XSAVE2");
+        kvm_ioctl(fd, kvm_abi::get_xsave2, area.data(), "KVM_GET_XSAVE2");
     else
-        vcpu_ioctl(fd, kvm_abi::get_xsave, area.data(), "KVM_GET_XSAVE");
+        kvm_ioctl(fd, kvm_abi::get_xsave, area.data(), "KVM_GET_XSAVE");
     return area;
 }
 
@@ -154,7 +149,7 @@ void set_xsave(const Kvm& kvm, int fd, const std::vector<uint8_t>& saved)
                                 "vCPUs {}: saved on a different CPU?", saved.size(), size));
     std::vector<uint8_t> area(saved);
     area.resize(size);
-    vcpu_ioctl(fd, kvm_abi::set_xsave, area.data(), "KVM_SET_XSAVE");
+    kvm_ioctl(fd, kvm_abi::set_xsave, area.data(), "KVM_SET_XSAVE");
 }
 
 std::vector<kvm_cpuid_entry2> get_cpuid(int fd)
@@ -162,7 +157,7 @@ std::vector<kvm_cpuid_entry2> get_cpuid(int fd)
     // KVM_GET_CPUID2 needs room for every entry (E2BIG otherwise) and says how many it wrote.
     kvm_abi::CpuidArray cpuid(max_cpuid_entries);
     cpuid.header().nent = static_cast<uint32_t>(max_cpuid_entries);
-    vcpu_ioctl(fd, kvm_abi::get_cpuid2, cpuid.data(), "KVM_GET_CPUID2");
+    kvm_ioctl(fd, kvm_abi::get_cpuid2, cpuid.data(), "KVM_GET_CPUID2");
     auto entries = cpuid.entries().first(std::min<size_t>(cpuid.header().nent, max_cpuid_entries));
     return {entries.begin(), entries.end()};
 }
@@ -175,7 +170,7 @@ void set_cpuid(int fd, const std::vector<kvm_cpuid_entry2>& entries)
     kvm_abi::CpuidArray cpuid(entries.size());
     cpuid.header().nent = static_cast<uint32_t>(entries.size());
     std::copy(entries.begin(), entries.end(), cpuid.entries().begin());
-    vcpu_ioctl(fd, kvm_abi::set_cpuid2, cpuid.data(), "KVM_SET_CPUID2");
+    kvm_ioctl(fd, kvm_abi::set_cpuid2, cpuid.data(), "KVM_SET_CPUID2");
 }
 
 } // namespace
@@ -187,16 +182,16 @@ VcpuState save_vcpu_state(const Kvm& kvm, int vcpu_fd)
     // change the vCPU and LAPIC state the other reads return; KVM_GET_VCPU_EVENTS last,
     // because the other GET ioctls may touch the pending events it reports.
     VcpuState state;
-    vcpu_ioctl(vcpu_fd, KVM_GET_MP_STATE, &state.mp_state, "KVM_GET_MP_STATE");
-    vcpu_ioctl(vcpu_fd, KVM_GET_REGS, &state.regs, "KVM_GET_REGS");
-    vcpu_ioctl(vcpu_fd, KVM_GET_SREGS, &state.sregs, "KVM_GET_SREGS");
+    kvm_ioctl(vcpu_fd, KVM_GET_MP_STATE, &state.mp_state, "KVM_GET_MP_STATE");
+    kvm_ioctl(vcpu_fd, KVM_GET_REGS, &state.regs, "KVM_GET_REGS");
+    kvm_ioctl(vcpu_fd, KVM_GET_SREGS, &state.sregs, "KVM_GET_SREGS");
     state.xsave = get_xsave(kvm, vcpu_fd);
-    vcpu_ioctl(vcpu_fd, KVM_GET_XCRS, &state.xcrs, "KVM_GET_XCRS");
-    vcpu_ioctl(vcpu_fd, KVM_GET_DEBUGREGS, &state.debugregs, "KVM_GET_DEBUGREGS");
-    vcpu_ioctl(vcpu_fd, KVM_GET_LAPIC, &state.lapic, "KVM_GET_LAPIC");
+    kvm_ioctl(vcpu_fd, KVM_GET_XCRS, &state.xcrs, "KVM_GET_XCRS");
+    kvm_ioctl(vcpu_fd, KVM_GET_DEBUGREGS, &state.debugregs, "KVM_GET_DEBUGREGS");
+    kvm_ioctl(vcpu_fd, KVM_GET_LAPIC, &state.lapic, "KVM_GET_LAPIC");
     state.cpuid = get_cpuid(vcpu_fd);
     state.msrs = get_msrs(kvm, vcpu_fd);
-    vcpu_ioctl(vcpu_fd, KVM_GET_VCPU_EVENTS, &state.events, "KVM_GET_VCPU_EVENTS");
+    kvm_ioctl(vcpu_fd, KVM_GET_VCPU_EVENTS, &state.events, "KVM_GET_VCPU_EVENTS");
     return state;
 }
 
@@ -216,18 +211,18 @@ void restore_vcpu_state(const Kvm& kvm, int vcpu_fd, const VcpuState& state)
     //    never (Firecracker's DEFERRED_MSRS). KVM_SET_MSRS writes in array order.
     //  - KVM_SET_VCPU_EVENTS last, so nothing after it drops what it restores.
     set_cpuid(vcpu_fd, state.cpuid);
-    vcpu_ioctl(vcpu_fd, KVM_SET_MP_STATE, &state.mp_state, "KVM_SET_MP_STATE");
-    vcpu_ioctl(vcpu_fd, KVM_SET_REGS, &state.regs, "KVM_SET_REGS");
-    vcpu_ioctl(vcpu_fd, KVM_SET_SREGS, &state.sregs, "KVM_SET_SREGS");
+    kvm_ioctl(vcpu_fd, KVM_SET_MP_STATE, &state.mp_state, "KVM_SET_MP_STATE");
+    kvm_ioctl(vcpu_fd, KVM_SET_REGS, &state.regs, "KVM_SET_REGS");
+    kvm_ioctl(vcpu_fd, KVM_SET_SREGS, &state.sregs, "KVM_SET_SREGS");
     set_xsave(kvm, vcpu_fd, state.xsave);
-    vcpu_ioctl(vcpu_fd, KVM_SET_XCRS, &state.xcrs, "KVM_SET_XCRS");
-    vcpu_ioctl(vcpu_fd, KVM_SET_DEBUGREGS, &state.debugregs, "KVM_SET_DEBUGREGS");
-    vcpu_ioctl(vcpu_fd, KVM_SET_LAPIC, &state.lapic, "KVM_SET_LAPIC");
+    kvm_ioctl(vcpu_fd, KVM_SET_XCRS, &state.xcrs, "KVM_SET_XCRS");
+    kvm_ioctl(vcpu_fd, KVM_SET_DEBUGREGS, &state.debugregs, "KVM_SET_DEBUGREGS");
+    kvm_ioctl(vcpu_fd, KVM_SET_LAPIC, &state.lapic, "KVM_SET_LAPIC");
     std::vector<Msr> msrs = state.msrs;
     std::stable_partition(msrs.begin(), msrs.end(),
                           [](const Msr& m) { return m.index != msr_ia32_tsc_deadline; });
     set_msrs(vcpu_fd, msrs);
-    vcpu_ioctl(vcpu_fd, KVM_SET_VCPU_EVENTS, &state.events, "KVM_SET_VCPU_EVENTS");
+    kvm_ioctl(vcpu_fd, KVM_SET_VCPU_EVENTS, &state.events, "KVM_SET_VCPU_EVENTS");
 }
 
 } // namespace agentvm

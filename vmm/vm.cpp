@@ -30,6 +30,7 @@
 #include "vmm/vm_kvm_state.hpp"
 #include "vmm/vm_limits.hpp"
 #include "vmm/vsock_host.hpp"
+#include "vmm/kvm.hpp"
 
 namespace agentvm {
 namespace {
@@ -60,12 +61,6 @@ void install_kick_handler()
         if (::sigaction(kick_signal(), &sa, nullptr) != 0)
             throw_errno("installing the vCPU kick signal handler");
     });
-}
-
-void vm_ioctl(int fd, unsigned long request, const void* arg, const char* what)
-{
-    if (::ioctl(fd, request, arg) < 0)
-        throw_errno(what);
 }
 
 } // namespace
@@ -120,12 +115,12 @@ Vm::~Vm() = default;
 
 void Vm::create_irqchip()
 {
-    vm_ioctl(vm_.get(), KVM_SET_TSS_ADDR, reinterpret_cast<const void*>(tss_address),
+    kvm_ioctl(vm_.get(), KVM_SET_TSS_ADDR, reinterpret_cast<const void*>(tss_address),
              "KVM_SET_TSS_ADDR");
-    vm_ioctl(vm_.get(), KVM_CREATE_IRQCHIP, nullptr, "KVM_CREATE_IRQCHIP");
+    kvm_ioctl(vm_.get(), KVM_CREATE_IRQCHIP, nullptr, "KVM_CREATE_IRQCHIP");
     kvm_pit_config pit{};
     pit.flags = KVM_PIT_SPEAKER_DUMMY;  // port 0x61 reads without a speaker device
-    vm_ioctl(vm_.get(), KVM_CREATE_PIT2, &pit, "KVM_CREATE_PIT2");
+    kvm_ioctl(vm_.get(), KVM_CREATE_PIT2, &pit, "KVM_CREATE_PIT2");
 }
 
 void Vm::map_memory()
@@ -137,7 +132,7 @@ void Vm::map_memory()
         region.guest_phys_addr = r.gpa;
         region.memory_size = r.size;
         region.userspace_addr = reinterpret_cast<uint64_t>(r.host);
-        vm_ioctl(vm_.get(), KVM_SET_USER_MEMORY_REGION, &region, "KVM_SET_USER_MEMORY_REGION");
+        kvm_ioctl(vm_.get(), KVM_SET_USER_MEMORY_REGION, &region, "KVM_SET_USER_MEMORY_REGION");
     }
 }
 
