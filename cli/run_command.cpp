@@ -33,6 +33,11 @@ namespace {
 // line limit.
 constexpr size_t max_stdin_bytes = size_t{32} << 20;
 
+// The request says "stream":"only", so every line from the agent is an event carrying at
+// most 64 KiB of output (docs/protocol.md) or a response without output: one longer than
+// this is a guest gone wrong, and the relay never holds more.
+constexpr size_t max_agent_line = size_t{1} << 20;
+
 struct RunOptions {
     VmOptions vm{VmRole::agent};
     double boot_timeout_s = 60;
@@ -67,7 +72,7 @@ std::string read_all_stdin()
 // The one exec request, built and checked before any VM exists.
 std::string exec_request(const RunOptions& options)
 {
-    Json request{{"id", 1}, {"op", "exec"}, {"stream", true}, {"max_output", options.max_output}};
+    Json request{{"id", 1}, {"op", "exec"}, {"stream", "only"}, {"max_output", options.max_output}};
     request["argv"] = options.shell.empty() ? options.argv : std::vector<std::string>{"bash", "-c", options.shell};
     if (!options.env.empty()) {
         Json env = Json::object();
@@ -154,7 +159,7 @@ public:
         agent_out_.emplace(loop_, agent_.get(), [this](int err) {
             fail(fmt::format("the connection to the guest agent failed: {}", std::strerror(err)));
         });
-        agent_in_.emplace(loop_, agent_.get(), EpisodeRelay::max_response_line,
+        agent_in_.emplace(loop_, agent_.get(), max_agent_line,
                           LineReader::Handlers{[this](std::string&& line) { on_line(line); },
                                                [this] { fail("the guest agent sent an over-long line"); },
                                                [this](int) { on_agent_end(); }});

@@ -56,6 +56,24 @@ bool optional_bool(const Json& object, const std::string& name)
     return it->get<bool>();
 }
 
+// "stream": false (or absent), true (events, and the output in the response too) or "only"
+// (events; the response carries no output, so it stays small however much was sent).
+template <typename Request>
+void parse_stream(const Json& object, Request& request)
+{
+    auto it = object.find("stream");
+    if (it == object.end() || it->is_null())
+        return;
+    if (it->is_boolean()) {
+        request.stream = it->get<bool>();
+        return;
+    }
+    if (*it != "only")
+        bad_field("stream", "must be true, false or \"only\"");
+    request.stream = true;
+    request.output_in_response = false;
+}
+
 constexpr double max_timeout_s = max_call_timeout_s;
 
 std::optional<double> optional_timeout(const Json& object)
@@ -90,7 +108,7 @@ ShellRequest parse_shell(const Json& object)
         bad_field("stdin", "is not supported by shell (commands read /dev/null); use exec");
     shell.timeout_s = optional_timeout(object);
     shell.max_output = optional_max_output(object);
-    shell.stream = optional_bool(object, "stream");
+    parse_stream(object, shell);
     return shell;
 }
 
@@ -127,7 +145,7 @@ ExecRequest parse_exec(const Json& object)
     exec.stdin_data = get_bytes(object, "stdin");
     exec.timeout_s = optional_timeout(object);
     exec.max_output = optional_max_output(object);
-    exec.stream = optional_bool(object, "stream");
+    parse_stream(object, exec);
     return exec;
 }
 

@@ -52,7 +52,8 @@ struct ExecRequest {
     std::optional<std::string> stdin_data;
     std::optional<double> timeout_s;
     uint64_t max_output = default_max_output;
-    bool stream = false;
+    bool stream = false;              // output is sent as events while the command runs
+    bool output_in_response = true;   // false for "stream":"only"
 };
 
 // One command line for the connection's persistent bash (see shell.hpp).
@@ -61,6 +62,7 @@ struct ShellRequest {
     std::optional<double> timeout_s;
     uint64_t max_output = default_max_output;
     bool stream = false;
+    bool output_in_response = true;
 };
 
 struct WriteFileRequest {

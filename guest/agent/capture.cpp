@@ -8,7 +8,8 @@
 
 namespace agentvm {
 
-Capture::Capture(const char* name, Fd fd, uint64_t limit) : name_(name), fd_(std::move(fd)), limit_(limit)
+Capture::Capture(const char* name, Fd fd, uint64_t limit, bool in_response)
+    : name_(name), fd_(std::move(fd)), limit_(limit), in_response_(in_response)
 {
     ::fcntl(fd_.get(), F_SETFL, ::fcntl(fd_.get(), F_GETFL) | O_NONBLOCK);
 }
@@ -24,11 +25,13 @@ bool Capture::read_some(const Json& id, bool stream, Outbox& outbox)
         return false;
     }
     const std::string_view chunk(buffer, static_cast<size_t>(n));
-    const size_t room = static_cast<size_t>(std::min<uint64_t>(limit_ - kept_.size(), chunk.size()));
+    const size_t room = static_cast<size_t>(std::min<uint64_t>(limit_ - kept_bytes_, chunk.size()));
     if (room < chunk.size())
         truncated_ = true;
     const std::string_view kept = chunk.substr(0, room);
-    kept_.append(kept);
+    kept_bytes_ += kept.size();
+    if (in_response_)
+        kept_.append(kept);
     if (stream && !kept.empty()) {
         Json event{{"id", id}, {"event", name_}};
         put_bytes(event, "data", std::string(kept));
@@ -39,7 +42,8 @@ bool Capture::read_some(const Json& id, bool stream, Outbox& outbox)
 
 void Capture::put(Json& response)
 {
-    put_bytes(response, name_, std::move(kept_));
+    if (in_response_)
+        put_bytes(response, name_, std::move(kept_));
     response[std::string(name_) + "_truncated"] = truncated_;
 }
 

@@ -1,6 +1,6 @@
 // Collecting one output stream (stdout or stderr) of a call: keeps up to max_output bytes,
 // reads and discards the rest so the writer never blocks, and optionally streams what it
-// keeps as events. Shared by exec and shell.
+// keeps as events ("stream":"only": streams it without holding it). Shared by exec and shell.
 #pragma once
 
 #include <cstdint>
@@ -14,22 +14,25 @@ namespace agentvm {
 
 class Capture {
 public:
-    // `name` is "stdout" or "stderr": the event name and the response field.
-    Capture(const char* name, Fd fd, uint64_t limit);
+    // `name` is "stdout" or "stderr": the event name and the response field. Without
+    // `in_response` the bytes are only counted against `limit`, never held.
+    Capture(const char* name, Fd fd, uint64_t limit, bool in_response);
 
     int fd() const { return fd_.get(); }
     bool open() const { return static_cast<bool>(fd_); }
     // One non-blocking read. Returns whether bytes arrived; closes the fd at end of file.
     bool read_some(const Json& id, bool stream, Outbox& outbox);
-    // Adds "<name>" or "<name>_b64", and "<name>_truncated", moving the kept bytes out:
-    // once, at the end of the call.
+    // Adds "<name>" or "<name>_b64" (when in the response), and "<name>_truncated", moving
+    // the kept bytes out: once, at the end of the call.
     void put(Json& response);
 
 private:
     const char* name_;
     Fd fd_;
     uint64_t limit_;
-    std::string kept_;
+    bool in_response_;
+    uint64_t kept_bytes_ = 0;
+    std::string kept_;  // when in_response_
     bool truncated_ = false;
 };
 

@@ -144,8 +144,8 @@ Json run_exec(const Json& id, const ExecRequest& request, Outbox& outbox, int ca
     }
 
     Capture captures[2] = {
-        {"stdout", std::move(out.read), request.max_output},
-        {"stderr", std::move(err.read), request.max_output},
+        {"stdout", std::move(out.read), request.max_output, request.output_in_response},
+        {"stderr", std::move(err.read), request.max_output, request.output_in_response},
     };
     StdinFeed feed(std::move(in.write), request.stdin_data ? std::string_view(*request.stdin_data) : "");
     const Drained drained = drain({pid, cgroup, pidfd.get(), cancel_fd, deadline_after(start, request.timeout_s)}, captures,

@@ -191,8 +191,8 @@ Json Shell::run(const Json& id, const ShellRequest& request, Outbox& outbox, int
     const std::string out_path = dir_ + "/out." + n;
     const std::string err_path = dir_ + "/err." + n;
     Capture captures[2] = {
-        {"stdout", open_fifo(out_path), request.max_output},
-        {"stderr", open_fifo(err_path), request.max_output},
+        {"stdout", open_fifo(out_path), request.max_output, request.output_in_response},
+        {"stderr", open_fifo(err_path), request.max_output, request.output_in_response},
     };
 
     const Clock::time_point start_time = Clock::now();

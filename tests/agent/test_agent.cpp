@@ -389,6 +389,48 @@ TEST_CASE("streamed output arrives as events before the response, and matches it
     CHECK(bytes_of(r, "stderr") == err);
 }
 
+TEST_CASE("stream \"only\": output arrives as events of at most 64 KiB and stays out of the response")
+{
+    Agent agent;
+    Client client(agent);
+    for (const char* op : {"exec", "shell"}) {
+        INFO(op);
+        // 300 KiB in one write on stdout, a line on stderr, from exec and from the shell.
+        const std::string script = "head -c 307200 /dev/zero | tr '\\0' x; echo e >&2";
+        Json request{{"id", op}, {"op", op}, {"stream", "only"}};
+        if (std::string(op) == "exec")
+            request["argv"] = {"sh", "-c", script};
+        else
+            request["cmd"] = script;
+        std::vector<Json> events;
+        Json r = client.call(request, &events);
+        std::string out, err;
+        for (const Json& e : events) {
+            const std::string data = bytes_of(e, "data");
+            CHECK(data.size() <= 65536);
+            (e["event"] == "stdout" ? out : err) += data;
+        }
+        CHECK(out == std::string(307200, 'x'));
+        CHECK(err == "e\n");
+        CHECK(r["exit_code"] == 0);
+        for (const char* field : {"stdout", "stdout_b64", "stderr", "stderr_b64"})
+            CHECK_FALSE(r.contains(field));
+        CHECK(r["stdout_truncated"] == false);
+        CHECK(r["stderr_truncated"] == false);
+    }
+    // max_output still applies to what is streamed.
+    std::vector<Json> events;
+    Json r = client.call({{"id", "cut"}, {"op", "exec"}, {"argv", {"sh", "-c", "echo 123456"}}, {"stream", "only"},
+                          {"max_output", 3}},
+                         &events);
+    std::string out;
+    for (const Json& e : events)
+        out += bytes_of(e, "data");
+    CHECK(out == "123");
+    CHECK(r["stdout_truncated"] == true);
+    CHECK_FALSE(r.contains("stdout"));
+}
+
 TEST_CASE("16 pipelined calls run at once")
 {
     Agent agent;

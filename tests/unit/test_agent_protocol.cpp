@@ -170,6 +170,15 @@ TEST_CASE("exec requests parse with defaults and every option")
     CHECK(exec.timeout_s == std::optional<double>(1.5));
     CHECK(exec.max_output == 1024);
     CHECK(exec.stream);
+    CHECK(exec.output_in_response);
+    CHECK(plain.output_in_response);
+
+    Request only = parse_request(R"({"id":1,"op":"exec","argv":["true"],"stream":"only"})");
+    CHECK(std::get<ExecRequest>(only.op).stream);
+    CHECK_FALSE(std::get<ExecRequest>(only.op).output_in_response);
+    for (const char* bad : {R"("yes")", "1", R"("")", R"(["only"])"})
+        CHECK(error_code_of(std::string(R"({"id":1,"op":"exec","argv":["true"],"stream":)") + bad + "}")
+              == "bad_field");
 }
 
 TEST_CASE("shell requests parse")
@@ -180,6 +189,9 @@ TEST_CASE("shell requests parse")
     CHECK(shell.timeout_s == std::optional<double>(2));
     CHECK(shell.max_output == default_max_output);
     CHECK(shell.stream);
+    CHECK(shell.output_in_response);
+    CHECK_FALSE(std::get<ShellRequest>(parse_request(R"({"id":1,"op":"shell","cmd":"ls","stream":"only"})").op)
+                    .output_in_response);
     CHECK(error_code_of(R"({"id":1,"op":"shell"})") == "missing_field");
     CHECK(error_code_of(R"({"id":1,"op":"shell","cmd":["ls"]})") == "bad_field");
     CHECK(error_code_of(R"({"id":1,"op":"shell","cmd":"a\u0000b"})") == "bad_field");
