@@ -22,6 +22,20 @@ CLI::Validator seconds_option(bool zero_allowed, double max_seconds)
         "SECONDS");
 }
 
+CLI::Validator bounded_number(double max, const char* unit)
+{
+    const std::string wanted = fmt::format("must be a number of {} from 0 to {}", unit, max);
+    return CLI::Validator(
+        [=](std::string& input) -> std::string {
+            double value = 0;
+            if (!CLI::detail::lexical_cast(input, value))
+                return fmt::format("'{}' is not a number; it {}", input, wanted);
+            const bool in_range = std::isfinite(value) && value >= 0 && value <= max;
+            return in_range ? std::string() : fmt::format("'{}' is out of range: it {}", input, wanted);
+        },
+        "NUMBER");
+}
+
 std::chrono::milliseconds seconds_to_ms(double seconds)
 {
     return std::chrono::milliseconds(std::llround(seconds * 1000));

@@ -16,6 +16,9 @@ inline constexpr double max_option_seconds = 365.0 * 24 * 3600;
 // options where 0 means "no limit"), and at most max_seconds.
 CLI::Validator seconds_option(bool zero_allowed = false, double max_seconds = max_option_seconds);
 
+// A check for a plain number (--cpu-quota's cores): finite, at least 0, at most `max`.
+CLI::Validator bounded_number(double max, const char* unit);
+
 // For values seconds_option() accepted.
 std::chrono::milliseconds seconds_to_ms(double seconds);
 

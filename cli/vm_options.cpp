@@ -38,6 +38,8 @@ constexpr uint64_t vmm_overhead_mib = 256;
 constexpr uint64_t vmm_minimum_overhead_mib = 64;
 // Threads of one VMM: a vCPU each, the I/O loop, and io_uring's workers for blocking I/O.
 constexpr uint64_t vmm_max_tasks = 512;
+// cgroup v2's cpu.max quota for a core count: ample for any host, far inside its range.
+constexpr double max_cpu_quota_cores = 4096;
 constexpr uint64_t file_size_slack = 64 * layout::mib;
 constexpr uint64_t max_disk_mib = CowDisk::max_capacity_bytes / layout::mib;
 
@@ -141,7 +143,7 @@ void VmOptions::add_to(CLI::App& command)
                      "(a hostile guest then meets fewer walls)");
     command.add_option("--cpu-quota", cpu_quota_,
                        "host CPU time the VMM may use, in cores (default: one per vCPU; 0: no quota)")
-        ->check(CLI::NonNegativeNumber);
+        ->check(bounded_number(max_cpu_quota_cores, "cores"));
     command.add_option("--vmm-mem", vmm_mem_mib_,
                        fmt::format("host memory the VMM may use in MiB, guest memory included (default: --mem + {}, "
                                    "plus the disk's size when TMPDIR is tmpfs; 0: no limit)",

@@ -55,3 +55,33 @@ TEST_CASE("seconds options: finite values in range are taken and convert to whol
     CHECK_FALSE(parse("-1", true).empty());
     CHECK(seconds_to_ms(max_option_seconds).count() == 31'536'000'000);
 }
+
+TEST_CASE("bounded numbers (--cpu-quota): NaN, infinities, negatives and values past the cap are refused")
+{
+    const auto parse_cores = [](const std::string& value, double* out = nullptr) -> std::string {
+        CLI::App app;
+        double cores = -1;
+        app.add_option("--cpu-quota", cores)->check(bounded_number(64, "cores"));
+        std::vector<std::string> args{value, "--cpu-quota"};
+        try {
+            app.parse(args);
+        } catch (const CLI::ParseError& e) {
+            return e.what();
+        }
+        if (out)
+            *out = cores;
+        return "";
+    };
+    for (const std::string bad : {"nan", "inf", "-inf", "-1", "64.5", "1e300", "x"}) {
+        INFO("value " << bad);
+        const std::string err = parse_cores(bad);
+        CHECK(err.find("--cpu-quota") != std::string::npos);
+        CHECK(err.find("cores") != std::string::npos);
+    }
+    double cores = -1;
+    CHECK(parse_cores("0", &cores).empty());
+    CHECK(cores == 0);
+    CHECK(parse_cores("1.5", &cores).empty());
+    CHECK(cores == 1.5);
+    CHECK(parse_cores("64").empty());
+}
