@@ -11,7 +11,7 @@ namespace {
 // included ("\u0065\u0076\u0065\u006e\u0074" is "event").
 constexpr size_t max_key_bytes = 64;
 
-bool is_space(char c)
+bool is_json_space(char c)
 {
     return c == ' ' || c == '\t' || c == '\r' || c == '\n';
 }
@@ -107,7 +107,7 @@ std::optional<ResponseSummary> ResponseScanner::finish()
 
 bool ResponseScanner::structural(char c)
 {
-    if (is_space(c))
+    if (is_json_space(c))
         return true;
     switch (expect_) {
     case Expect::top:

@@ -19,6 +19,8 @@ namespace agentvm {
 
 namespace {
 
+using Clock = std::chrono::steady_clock;
+
 // user_data of a cancellation is its target Op's address with this bit set (Ops are at
 // least 8-byte aligned), so both CQEs find the same Op.
 constexpr uint64_t cancel_tag = 1;
@@ -136,7 +138,6 @@ EventLoop::~EventLoop()
     // every outstanding CQE. Completions do not run any more; their owners are going away.
     // As in drain(), I/O that waits on a peer is cancelled after a while, and the wait is
     // given up rather than hang the process for good.
-    using Clock = std::chrono::steady_clock;
     auto deadline = Clock::now() + default_drain_patience;
     bool cancelled = false;
     while (cqes_pending_ > 0) {
@@ -302,7 +303,6 @@ void EventLoop::stop()
 
 bool EventLoop::drain(std::chrono::milliseconds patience)
 {
-    using Clock = std::chrono::steady_clock;
     auto deadline = Clock::now() + patience;
     bool cancelled = false;
     while (!in_flight_.empty()) {

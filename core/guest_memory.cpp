@@ -16,7 +16,7 @@ namespace agentvm {
 
 namespace {
 
-constexpr uint64_t page_size = 4096;
+using layout::page_size;
 
 Fd new_ram_memfd(uint64_t ram_bytes)
 {

@@ -9,6 +9,7 @@ namespace agentvm::layout {
 inline constexpr uint64_t kib = 1024;
 inline constexpr uint64_t mib = 1024 * kib;
 inline constexpr uint64_t gib = 1024 * mib;
+inline constexpr uint64_t page_size = 4096;  // guest and host pages (x86-64, no huge pages)
 
 // Low memory used by the boot path; all below 1 MiB and reserved from the kernel's allocator
 // except where e820 says RAM.

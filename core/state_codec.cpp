@@ -94,8 +94,8 @@ namespace {
 }
 
 // Walks `bytes` as one CBOR item (RFC 8949), without recursion, and refuses what
-// encode_cbor() never writes: indefinite lengths, tags, simple values other than
-// false/true/null, map keys that are not text, duplicate keys, nesting beyond cbor_max_depth,
+// encode_cbor() never writes: integers and lengths not in their shortest form, indefinite
+// lengths, tags, simple values other than false/true/null, map keys that are not text, duplicate keys, nesting beyond cbor_max_depth,
 // bytes after the item. nlohmann's reader may then recurse: the depth is bounded.
 void check_cbor(std::span<const uint8_t> bytes)
 {
@@ -131,6 +131,11 @@ void check_cbor(std::span<const uint8_t> bytes)
             arg = 0;
             for (size_t i = 0; i < n; ++i)
                 arg = arg << 8 | bytes[at + i];
+            // Integers and lengths in their shortest form, as encode_cbor() writes them, so a
+            // state has one encoding; a float's bytes are its value, not a count.
+            const uint64_t shortest_from = info == 24 ? 24 : uint64_t{1} << (8 * (n / 2));
+            if (major != 7 && arg < shortest_from)
+                cbor_fail(start, fmt::format("{} is not in its shortest form", arg));
         } else if (info == 31) {
             cbor_fail(start, "indefinite lengths are not accepted");
         } else if (info > 27) {

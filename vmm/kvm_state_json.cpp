@@ -2,8 +2,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <limits>
-#include <optional>
 #include <set>
 #include <span>
 #include <type_traits>
@@ -12,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/error.hpp"
+#include "core/state_codec.hpp"
 
 namespace agentvm {
 namespace {
@@ -31,70 +30,21 @@ json blob(const T& value)
     return binary({reinterpret_cast<const uint8_t*>(&value), sizeof(T)});
 }
 
-// A non-negative integer, whichever way it was stored: nlohmann keeps numbers parsed from
-// CBOR or text as unsigned, but numbers built from signed C++ integers as signed.
-std::optional<uint64_t> as_unsigned(const json& value)
+using state_codec::Fields;
+using state_codec::fail;
+
+// A KVM struct kept as its bytes: exactly sizeof(T) of them.
+template <typename T>
+T blob_field(Fields& fields, std::string_view key)
 {
-    if (value.is_number_unsigned())
-        return value.get<uint64_t>();
-    if (value.is_number_integer() && value.get<int64_t>() >= 0)
-        return static_cast<uint64_t>(value.get<int64_t>());
-    return std::nullopt;
+    static_assert(std::is_trivially_copyable_v<T>);
+    const std::vector<uint8_t> data = fields.bytes(key);
+    if (data.size() != sizeof(T))
+        fail(fields.path(key), fmt::format("{} bytes, not {}", data.size(), sizeof(T)));
+    T value;
+    std::memcpy(&value, data.data(), sizeof(T));
+    return value;
 }
-
-// Field access on one JSON object, each failure an Error that says where.
-class Fields {
-public:
-    Fields(const json& object, const char* what) : object_(object), what_(what)
-    {
-        if (!object.is_object())
-            throw Error(fmt::format("{}: a {}, not an object", what_, object.type_name()));
-    }
-
-    const json& get(const char* name) const
-    {
-        const auto it = object_.find(name);
-        if (it == object_.end())
-            throw Error(fmt::format("{}: missing field '{}'", what_, name));
-        return *it;
-    }
-
-    const std::vector<uint8_t>& bytes(const char* name) const
-    {
-        const json& value = get(name);
-        if (!value.is_binary())
-            throw Error(fmt::format("{}: field '{}' is a {}, not a binary blob", what_, name,
-                                    value.type_name()));
-        return value.get_binary();
-    }
-
-    template <typename T>
-    T object(const char* name) const
-    {
-        static_assert(std::is_trivially_copyable_v<T>);
-        const auto& data = bytes(name);
-        if (data.size() != sizeof(T))
-            throw Error(fmt::format("{}: field '{}' has {} bytes, not {}", what_, name,
-                                    data.size(), sizeof(T)));
-        T value;
-        std::memcpy(&value, data.data(), sizeof(T));
-        return value;
-    }
-
-    uint32_t u32(const json& value, const char* name) const
-    {
-        const auto number = as_unsigned(value);
-        if (!number || *number > std::numeric_limits<uint32_t>::max())
-            throw Error(fmt::format("{}: {} is not a 32-bit unsigned number", what_, name));
-        return static_cast<uint32_t>(*number);
-    }
-
-    const char* what() const { return what_; }
-
-private:
-    const json& object_;
-    const char* what_;
-};
 
 json msrs_to_json(const std::vector<Msr>& msrs)
 {
@@ -104,38 +54,35 @@ json msrs_to_json(const std::vector<Msr>& msrs)
     return out;
 }
 
-std::vector<Msr> msrs_from_json(const Fields& fields)
+std::vector<Msr> msrs_from_json(Fields& fields)
 {
-    const json& list = fields.get("msrs");
-    if (!list.is_array())
-        throw Error(fmt::format("{}: field 'msrs' is a {}, not an array", fields.what(), list.type_name()));
+    const json& list = fields.array("msrs");
+    const std::string path = fields.path("msrs");
     if (list.size() > max_msrs)
-        throw Error(fmt::format("{}: {} MSRs, more than {}", fields.what(), list.size(), max_msrs));
+        fail(path, fmt::format("{} MSRs, more than {}", list.size(), max_msrs));
     std::vector<Msr> msrs;
     std::set<uint32_t> seen;
-    for (const json& pair : list) {
-        const auto value = pair.is_array() && pair.size() == 2 ? as_unsigned(pair[1]) : std::nullopt;
-        if (!value)
-            throw Error(fmt::format("{}: an MSR is not an [index, value] pair of unsigned numbers",
-                                    fields.what()));
-        const Msr msr{fields.u32(pair[0], "an MSR index"), *value};
+    for (size_t i = 0; i < list.size(); ++i) {
+        const json& pair = list[i];
+        const auto where = [&] { return state_codec::element(path, i); };
+        if (!pair.is_array() || pair.size() != 2)
+            fail(where(), fmt::format("expected an MSR's [index, value] pair, got {}", state_codec::describe(pair)));
+        const Msr msr{state_codec::as_uint<uint32_t>(pair[0], where), state_codec::as_uint<uint64_t>(pair[1], where)};
         if (!seen.insert(msr.index).second)
-            throw Error(fmt::format("{}: MSR {:#x} appears twice", fields.what(), msr.index));
+            fail(where(), fmt::format("MSR {:#x} appears twice", msr.index));
         msrs.push_back(msr);
     }
     return msrs;
 }
 
-std::vector<kvm_cpuid_entry2> cpuid_from_json(const Fields& fields)
+std::vector<kvm_cpuid_entry2> cpuid_from_json(Fields& fields)
 {
-    const auto& data = fields.bytes("cpuid");
+    const std::vector<uint8_t> data = fields.bytes("cpuid");
     constexpr size_t entry = sizeof(kvm_cpuid_entry2);
     if (data.size() % entry != 0)
-        throw Error(fmt::format("{}: field 'cpuid' has {} bytes, not a whole number of {}-byte "
-                                "entries", fields.what(), data.size(), entry));
+        fail(fields.path("cpuid"), fmt::format("{} bytes, not a whole number of {}-byte entries", data.size(), entry));
     if (data.size() / entry > max_cpuid_entries)
-        throw Error(fmt::format("{}: {} CPUID entries, more than {}", fields.what(),
-                                data.size() / entry, max_cpuid_entries));
+        fail(fields.path("cpuid"), fmt::format("{} CPUID entries, more than {}", data.size() / entry, max_cpuid_entries));
     std::vector<kvm_cpuid_entry2> cpuid(data.size() / entry);
     // SAFETY: the vector holds exactly data.size() bytes of trivially copyable entries.
     // std::copy, not memcpy, because an empty vector's data() may be null.
@@ -143,12 +90,11 @@ std::vector<kvm_cpuid_entry2> cpuid_from_json(const Fields& fields)
     return cpuid;
 }
 
-kvm_irqchip irqchip_from_json(const Fields& fields, const char* name, uint32_t chip_id)
+kvm_irqchip irqchip_from_json(Fields& fields, std::string_view key, uint32_t chip_id)
 {
-    const auto chip = fields.object<kvm_irqchip>(name);
+    const auto chip = blob_field<kvm_irqchip>(fields, key);
     if (chip.chip_id != chip_id)
-        throw Error(fmt::format("{}: field '{}' holds irqchip {}, not {}", fields.what(), name,
-                                chip.chip_id, chip_id));
+        fail(fields.path(key), fmt::format("holds irqchip {}, not {}", chip.chip_id, chip_id));
     return chip;
 }
 
@@ -172,27 +118,26 @@ json vcpu_state_to_json(const VcpuState& state)
     };
 }
 
-VcpuState vcpu_state_from_json(const json& value)
+VcpuState vcpu_state_from_json(const json& value, std::string_view path)
 {
-    const Fields fields(value, "vCPU state");
+    Fields fields(value, path);
     VcpuState state;
     state.cpuid = cpuid_from_json(fields);
-    state.mp_state.mp_state = fields.u32(fields.get("mp_state"), "field 'mp_state'");
-    state.regs = fields.object<kvm_regs>("regs");
-    state.sregs = fields.object<kvm_sregs>("sregs");
-    const auto& xsave = fields.bytes("xsave");
-    if (xsave.size() < min_xsave_bytes || xsave.size() > max_xsave_bytes)
-        throw Error(fmt::format("vCPU state: field 'xsave' has {} bytes, not {} to {}",
-                                xsave.size(), min_xsave_bytes, max_xsave_bytes));
-    state.xsave.assign(xsave.begin(), xsave.end());
-    state.xcrs = fields.object<kvm_xcrs>("xcrs");
+    state.mp_state.mp_state = fields.uint<uint32_t>("mp_state");
+    state.regs = blob_field<kvm_regs>(fields, "regs");
+    state.sregs = blob_field<kvm_sregs>(fields, "sregs");
+    state.xsave = fields.bytes("xsave");
+    if (state.xsave.size() < min_xsave_bytes || state.xsave.size() > max_xsave_bytes)
+        fail(fields.path("xsave"),
+             fmt::format("{} bytes, not {} to {}", state.xsave.size(), min_xsave_bytes, max_xsave_bytes));
+    state.xcrs = blob_field<kvm_xcrs>(fields, "xcrs");
     if (state.xcrs.nr_xcrs > KVM_MAX_XCRS)
-        throw Error(fmt::format("vCPU state: field 'xcrs' counts {} XCRs, more than {}",
-                                state.xcrs.nr_xcrs, KVM_MAX_XCRS));
-    state.debugregs = fields.object<kvm_debugregs>("debugregs");
-    state.lapic = fields.object<kvm_lapic_state>("lapic");
+        fail(fields.path("xcrs"), fmt::format("counts {} XCRs, more than {}", state.xcrs.nr_xcrs, KVM_MAX_XCRS));
+    state.debugregs = blob_field<kvm_debugregs>(fields, "debugregs");
+    state.lapic = blob_field<kvm_lapic_state>(fields, "lapic");
     state.msrs = msrs_from_json(fields);
-    state.events = fields.object<kvm_vcpu_events>("vcpu_events");
+    state.events = blob_field<kvm_vcpu_events>(fields, "vcpu_events");
+    fields.done();
     return state;
 }
 
@@ -207,15 +152,16 @@ json vm_kvm_state_to_json(const VmKvmState& state)
     };
 }
 
-VmKvmState vm_kvm_state_from_json(const json& value)
+VmKvmState vm_kvm_state_from_json(const json& value, std::string_view path)
 {
-    const Fields fields(value, "VM KVM state");
+    Fields fields(value, path);
     VmKvmState state;
     state.pic_master = irqchip_from_json(fields, "pic_master", KVM_IRQCHIP_PIC_MASTER);
     state.pic_slave = irqchip_from_json(fields, "pic_slave", KVM_IRQCHIP_PIC_SLAVE);
     state.ioapic = irqchip_from_json(fields, "ioapic", KVM_IRQCHIP_IOAPIC);
-    state.pit = fields.object<kvm_pit_state2>("pit");
-    state.clock = fields.object<kvm_clock_data>("clock");
+    state.pit = blob_field<kvm_pit_state2>(fields, "pit");
+    state.clock = blob_field<kvm_clock_data>(fields, "clock");
+    fields.done();
     return state;
 }
 

@@ -254,8 +254,8 @@ void Vm::restore_state(const nlohmann::json& state, int disk_fd)
         throw Error(fmt::format("snapshot: vcpus: {} saved, the snapshot records {}",
                                 vcpu_docs.is_array() ? vcpu_docs.size() : 0, config_.vcpus));
     std::vector<VcpuState> vcpu_states;
-    for (const auto& doc : vcpu_docs)
-        vcpu_states.push_back(vcpu_state_from_json(doc));
+    for (size_t i = 0; i < vcpu_docs.size(); ++i)
+        vcpu_states.push_back(vcpu_state_from_json(vcpu_docs[i], state_codec::element("vcpus", i)));
     const VmKvmState vm_state = vm_kvm_state_from_json(state.at("vm"));
     const auto serial = state_from_json<Serial::State>(state.at("serial"), "serial");
     if (state.contains("blk") != static_cast<bool>(blk_))

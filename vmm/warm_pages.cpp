@@ -8,12 +8,13 @@
 #include <spdlog/spdlog.h>
 
 #include "common/error.hpp"
+#include "core/layout.hpp"
 
 namespace agentvm {
 
 namespace {
 
-constexpr uint64_t page_size = 4096;
+using layout::page_size;
 
 void set_slot_flags(int vm_fd, uint32_t slot, const MemoryRegion& r, uint32_t flags)
 {

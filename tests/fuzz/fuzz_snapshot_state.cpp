@@ -360,9 +360,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size)
 
     if (const json* vcpus = member(doc, "vcpus"); vcpus && vcpus->is_array())
         for (const json& vcpu : *vcpus)
-            parse_kvm_state<VcpuState>(vcpu, vcpu_state_from_json, vcpu_state_to_json);
+            parse_kvm_state<VcpuState>(vcpu, [](const json& j) { return vcpu_state_from_json(j); }, vcpu_state_to_json);
     if (const json* vm = member(doc, "vm"))
-        parse_kvm_state<VmKvmState>(*vm, vm_kvm_state_from_json, vm_kvm_state_to_json);
+        parse_kvm_state<VmKvmState>(*vm, [](const json& j) { return vm_kvm_state_from_json(j); }, vm_kvm_state_to_json);
     restore_serial(member(doc, "serial"));
     restore_vsock(member(doc, "vsock"));
     restore_blk(member(doc, "blk"));

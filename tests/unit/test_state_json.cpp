@@ -567,6 +567,24 @@ TEST_CASE("decode_cbor refuses what encode_cbor never writes, and bounds nesting
     CHECK_THROWS_AS(decode_cbor(std::vector<uint8_t>{0x7a, 0xff, 0xff, 0xff, 0xff}), Error);
     CHECK_THROWS_AS(decode_cbor(std::vector<uint8_t>{0x42, 0x01}), Error);
 
+    // Integers and lengths in their shortest form only; floats keep their width.
+    CHECK(decode_cbor(std::vector<uint8_t>{0x18, 24}) == 24);
+    CHECK_THROWS_WITH_AS(decode_cbor(std::vector<uint8_t>{0x18, 23}),
+                         "snapshot: CBOR: at byte 0: 23 is not in its shortest form", Error);
+    CHECK(decode_cbor(std::vector<uint8_t>{0x19, 0x01, 0x00}) == 256);
+    CHECK_THROWS_AS(decode_cbor(std::vector<uint8_t>{0x19, 0x00, 0xff}), Error);
+    CHECK(decode_cbor(std::vector<uint8_t>{0x1a, 0x00, 0x01, 0x00, 0x00}) == 65536);
+    CHECK_THROWS_AS(decode_cbor(std::vector<uint8_t>{0x1a, 0x00, 0x00, 0xff, 0xff}), Error);
+    CHECK(decode_cbor(std::vector<uint8_t>{0x1b, 0, 0, 0, 1, 0, 0, 0, 0}) == uint64_t{1} << 32);
+    CHECK_THROWS_AS(decode_cbor(std::vector<uint8_t>{0x1b, 0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff}), Error);
+    CHECK_THROWS_AS(decode_cbor(std::vector<uint8_t>{0x38, 0x00}), Error);              // -1, long form
+    CHECK_THROWS_AS(decode_cbor(std::vector<uint8_t>{0x58, 0x01, 0x00}), Error);        // bytes of length 1
+    CHECK_THROWS_AS(decode_cbor(std::vector<uint8_t>{0x98, 0x01, 0x00}), Error);        // array of 1
+    CHECK(decode_cbor(std::vector<uint8_t>{0xfa, 0x3f, 0xc0, 0x00, 0x00}) == 1.5);      // single-width 1.5
+    for (const json& j : {json(23), json(24), json(255), json(256), json(65535), json(65536), json(-25),
+                          json(uint64_t{1} << 32), json(std::string(300, 'x'))})
+        CHECK(decode_cbor(encode_cbor(j)) == j);
+
     // Map keys: text, once.
     CHECK(decode_cbor(std::vector<uint8_t>{0xa2, 0x61, 'a', 0x01, 0x61, 'b', 0x02}) == json{{"a", 1}, {"b", 2}});
     CHECK_THROWS_WITH_AS(decode_cbor(std::vector<uint8_t>{0xa2, 0x61, 'a', 0x01, 0x61, 'a', 0x02}),

@@ -122,16 +122,21 @@ TEST_CASE("a filled VM state survives JSON and CBOR byte for byte")
 TEST_CASE("a vCPU state that is not an object, or lacks a field, is refused")
 {
     for (const json& value : {json(nullptr), json(3), json("state"), json::array(), json::binary({})})
-        CHECK_THROWS_WITH_AS(vcpu_state_from_json(value), doctest::Contains("not an object"), Error);
+        CHECK_THROWS_WITH_AS(vcpu_state_from_json(value), doctest::Contains("snapshot: vcpu: expected an object"), Error);
 
     const json good = vcpu_state_to_json(filled_vcpu_state());
     for (const auto& [name, field] : good.items()) {
         CAPTURE(name);
         json missing = good;
         missing.erase(name);
-        CHECK_THROWS_WITH_AS(vcpu_state_from_json(missing), doctest::Contains(("missing field '" + name + "'").c_str()),
+        CHECK_THROWS_WITH_AS(vcpu_state_from_json(missing), doctest::Contains(("vcpu." + name + ": missing").c_str()),
                              Error);
     }
+    // A field nobody reads is a corruption, not an extra to ignore.
+    CHECK_THROWS_WITH_AS(vcpu_state_from_json(with(good, "regz", 1)), doctest::Contains("unknown field \"regz\""),
+                         Error);
+    CHECK_THROWS_WITH_AS(vm_kvm_state_from_json(with(vm_kvm_state_to_json(filled_vm_state()), "pitt", 1)),
+                         doctest::Contains("unknown field \"pitt\""), Error);
 }
 
 TEST_CASE("every vCPU state field of the wrong type is refused")
@@ -205,7 +210,7 @@ TEST_CASE("malformed vCPU state values are refused")
         for (const json& pair : bad_pairs) {
             CAPTURE(pair.dump());
             CHECK_THROWS_WITH_AS(vcpu_state_from_json(with(good, "msrs", json::array({pair}))),
-                                 doctest::Contains("MSR"), Error);
+                                 doctest::Contains("vcpu.msrs[0]"), Error);
         }
     }
     SUBCASE("an MSR twice")
@@ -227,15 +232,17 @@ TEST_CASE("malformed vCPU state values are refused")
 TEST_CASE("a malformed VM state is refused")
 {
     const json good = vm_kvm_state_to_json(filled_vm_state());
-    CHECK_THROWS_WITH_AS(vm_kvm_state_from_json(json::array()), doctest::Contains("not an object"), Error);
+    CHECK_THROWS_WITH_AS(vm_kvm_state_from_json(json::array()), doctest::Contains("snapshot: vm: expected an object"),
+                         Error);
 
     for (const auto& [name, field] : good.items()) {
         CAPTURE(name);
         json missing = good;
         missing.erase(name);
-        CHECK_THROWS_WITH_AS(vm_kvm_state_from_json(missing), doctest::Contains("missing field"), Error);
+        CHECK_THROWS_WITH_AS(vm_kvm_state_from_json(missing), doctest::Contains(("vm." + name + ": missing").c_str()),
+                             Error);
         CHECK_THROWS_WITH_AS(vm_kvm_state_from_json(with(good, name.c_str(), 7)),
-                             doctest::Contains("not a binary blob"), Error);
+                             doctest::Contains("expected a byte string"), Error);
         const size_t size = field.get_binary().size();
         for (size_t wrong : {size_t{0}, size - 1, size + 1})
             CHECK_THROWS_WITH_AS(vm_kvm_state_from_json(with(good, name.c_str(), blob_of_size(wrong))),
