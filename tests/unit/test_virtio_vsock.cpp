@@ -706,13 +706,17 @@ TEST_CASE_FIXTURE(Rig, "replies are bounded: a guest that never receives stalls 
         q[1].seen_used = used_idx(1);
     }
     CHECK(used_idx(1) == VirtioVsock::max_pending_control);
-    // Receiving makes room, and the rest of tx goes through.
+    // Receiving makes room, and the rest of tx goes through: every REQUEST got its RST.
+    size_t resets = 0;
     for (int i = 0; i < 6; ++i) {
         post_rx(200);
-        for (const auto& p : take_rx())
+        for (const auto& p : take_rx()) {
             CHECK(p.hdr.op == VIRTIO_VSOCK_OP_RST);
+            ++resets;
+        }
     }
     CHECK(used_idx(1) == sent);
+    CHECK(resets == sent);
 }
 
 TEST_CASE_FIXTURE(Rig, "transport reset event")
@@ -895,6 +899,8 @@ TEST_CASE_FIXTURE(Rig, "the number of connections is capped")
     bring_up();
     backend.listening.insert(1);
     uint32_t port = 0;
+    size_t accepted = 0;
+    size_t refused = 0;
     while (port < VirtioVsock::max_connections + 1) {
         for (int i = 0; i < 100; ++i, ++port)
             guest_send_raw([&] {
@@ -905,11 +911,16 @@ TEST_CASE_FIXTURE(Rig, "the number of connections is capped")
             }(), {}, false);
         mmio.notify_queue(1);
         post_rx(100);
-        for (const auto& p : take_rx())
-            CHECK(p.hdr.op == (p.hdr.dst_port < VirtioVsock::max_connections ? VIRTIO_VSOCK_OP_RESPONSE
-                                                                               : VIRTIO_VSOCK_OP_RST));
+        for (const auto& p : take_rx()) {
+            const bool within = p.hdr.dst_port < VirtioVsock::max_connections;
+            CHECK(p.hdr.op == (within ? VIRTIO_VSOCK_OP_RESPONSE : VIRTIO_VSOCK_OP_RST));
+            (p.hdr.op == VIRTIO_VSOCK_OP_RESPONSE ? accepted : refused) += 1;
+        }
         q[1].seen_used = used_idx(1);
     }
+    // Every request was answered: the first max_connections accepted, each one past them reset.
+    CHECK(accepted == VirtioVsock::max_connections);
+    CHECK(refused == port - VirtioVsock::max_connections);
     CHECK(vsock.connection_count() == VirtioVsock::max_connections);
     CHECK_FALSE(vsock.connect({2, 2}));
 }
