@@ -42,6 +42,8 @@ public:
     // that way the reported cause is the real one. On the loop's thread.
     void fail_unless_vm_ends(const std::string& why);
     int stop_signal() const { return signals_.received(); }
+    // Whether the VM was restored from a snapshot rather than booted.
+    bool restored() const { return restored_; }
     // Whether the episode's time limit (--episode-timeout) is what ended run().
     bool time_ran_out() const { return time_ran_out_; }
 

@@ -25,6 +25,7 @@ struct EpisodeOptions {
     VmOptions vm{VmRole::agent};
     double boot_timeout_s = 60;
     double call_timeout_s = EpisodeRelay::default_call_timeout_s;
+    bool announce_ready = false;
 };
 
 // The error every unanswered call gets, from how the VM and the relay ended.
@@ -83,8 +84,12 @@ int run_episode(EpisodeOptions& options)
                                agent_vm.fail(why);
                        },
                        EpisodeRelay::watchdog_grace, options.call_timeout_s);
-    const VmResult result = agent_vm.run([&](Fd agent) { relay.start(std::move(agent)); },
-                                         [&] { relay.stop_output(); });
+    const auto on_connected = [&](Fd agent) {
+        relay.start(std::move(agent),
+                    options.announce_ready ? to_line(Json{{"event", "ready"}, {"restored", agent_vm.restored()}})
+                                           : std::string());
+    };
+    const VmResult result = agent_vm.run(on_connected, [&] { relay.stop_output(); });
 
     const std::optional<Failure> failure = failure_of(result, agent_vm.time_ran_out(), relay_end, relay_why);
     if (failure) {
@@ -121,6 +126,9 @@ Subcommand add_episode_command(CLI::App& app)
                         "whole process group is killed")
         ->capture_default_str()
         ->check(seconds_option(false, max_call_timeout_s));
+    episode->add_flag("--announce-ready", options->announce_ready,
+                      "once the guest agent answers, write {\"event\":\"ready\",\"restored\":BOOL} as the "
+                      "first line on stdout (for a pool that keeps episodes ready)");
     return {episode, [options] { return run_supervised(options->vm, 0, [&] { return run_episode(*options); }); }};
 }
 

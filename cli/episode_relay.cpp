@@ -58,8 +58,10 @@ EpisodeRelay::EpisodeRelay(EventLoop& loop, int in_fd, int out_fd, Ended on_end,
 {
 }
 
-void EpisodeRelay::start(Fd agent)
+void EpisodeRelay::start(Fd agent, std::string announcement)
 {
+    if (!announcement.empty())
+        emit(std::move(announcement));
     agent_ = std::move(agent);
     const int fd = agent_.get();
     agent_out_.emplace(loop_, fd, [this](int err) {

@@ -62,8 +62,9 @@ public:
     EpisodeRelay(const EpisodeRelay&) = delete;
     EpisodeRelay& operator=(const EpisodeRelay&) = delete;
 
-    // The agent is reachable: start reading requests.
-    void start(Fd agent);
+    // The agent is reachable: start reading requests. A non-empty `announcement` (a whole
+    // line) goes to the output first.
+    void start(Fd agent, std::string announcement = {});
     // After stop_output(): an error response for every call still waiting, queued for
     // flush_output(). Returns how many there were.
     size_t fail_pending(const std::string& code, const std::string& message);

@@ -86,7 +86,7 @@ struct Harness {
     std::thread thread;
 
     explicit Harness(std::chrono::milliseconds grace = EpisodeRelay::watchdog_grace,
-                     std::optional<double> call_timeout_s = std::nullopt)
+                     std::optional<double> call_timeout_s = std::nullopt, std::string announcement = {})
     {
         int fds[2];
         REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) == 0);
@@ -98,7 +98,7 @@ struct Harness {
                           loop.stop();
                       },
                       grace, call_timeout_s);
-        relay->start(Fd(fds[0]));
+        relay->start(Fd(fds[0]), std::move(announcement));
         thread = std::thread([this] { loop.run(); });
     }
 
@@ -226,6 +226,16 @@ TEST_CASE("requests go to the agent byte for byte, and its lines come back byte 
     h.agent_says(R"({"id":1,"exit_code":0,"stdout":"hi\n"})");
     CHECK(h.response() == R"({"id":1,"event":"stdout","data":"hi\n"})");
     CHECK(h.response() == R"({"id":1,"exit_code":0,"stdout":"hi\n"})");
+}
+
+TEST_CASE("an announcement is the first line out, before any response")
+{
+    Harness h(EpisodeRelay::watchdog_grace, std::nullopt, "{\"event\":\"ready\",\"restored\":true}\n");
+    h.request(R"({"id":1,"op":"exec","argv":["true"]})");
+    CHECK(h.agent_reads() == R"({"id":1,"op":"exec","argv":["true"]})");
+    h.agent_says(R"({"id":1,"exit_code":0})");
+    CHECK(h.response() == R"({"event":"ready","restored":true})");
+    CHECK(h.response() == R"({"id":1,"exit_code":0})");
 }
 
 TEST_CASE("malformed lines are answered by the relay and never reach the agent")

@@ -243,6 +243,22 @@ def close_op():
     return "close waited for the running call, answered, and ended the episode (exit 0)"
 
 
+def announce_ready():
+    """--announce-ready: the first line says the agent answers, before any call is sent."""
+    ep = Episode(AGENTVM, "--announce-ready", "--cold")
+    try:
+        first = ep.lines.get(timeout=600)
+        expect(first is not None, f"the episode ended: {ep.stderr.decode(errors='replace')[-2000:]}")
+        expect(json.loads(first) == {"event": "ready", "restored": False}, f"first line {first!r}")
+        r = exec_ok(ep, ["echo", "after"])
+        expect(field(r, "stdout") == b"after\n", f"the call after it: {r}")
+        ep.close_stdin()
+        expect(ep.wait() == 0, f"exit {ep.proc.returncode}")
+    finally:
+        ep.kill()
+    return "a cold boot announced {\"event\":\"ready\",\"restored\":false} first, then served a call"
+
+
 def agent_killed():
     console = os.path.join(TMP, "agent_killed.console")
     ep = Episode(AGENTVM, console=console)
@@ -342,7 +358,7 @@ def jailed():
 
 SHARED = [basics, sequential, concurrent, big_file, capped_output, big_response, timeout_kills_group,
           malformed_lines, shell_state, resume_refused]
-OWN = [fresh_episode, eof_answers_pipelined, close_op, agent_killed, vm_dies, episode_timeout, jailed]
+OWN = [fresh_episode, eof_answers_pipelined, close_op, announce_ready, agent_killed, vm_dies, episode_timeout, jailed]
 
 
 def run(name, fn, *args):

@@ -14,7 +14,7 @@ TEST_CASE("agentvm episode serves tool calls and reports every way a call or the
     INFO("stdout: " << r.out << "\nstderr: " << r.err);
     for (const char* name : {"basics", "sequential", "concurrent", "big_file", "capped_output", "big_response",
                              "timeout_kills_group", "malformed_lines", "shell_state", "resume_refused", "fresh_episode",
-                             "eof_answers_pipelined", "close_op", "agent_killed", "vm_dies", "episode_timeout",
+                             "eof_answers_pipelined", "close_op", "announce_ready", "agent_killed", "vm_dies", "episode_timeout",
                              "jailed"})
         CHECK_MESSAGE(r.out.find(std::string("ok ") + name + ":") != std::string::npos, name);
     CHECK(r.exit_code == 0);
