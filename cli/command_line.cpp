@@ -12,6 +12,7 @@
 #include "cli/exit_codes.hpp"
 #include "cli/logging.hpp"
 #include "cli/run_command.hpp"
+#include "cli/serve_command.hpp"
 #include "cli/snapshot_command.hpp"
 #include "common/error.hpp"
 #include "protocol/agent_protocol.hpp"
@@ -45,6 +46,7 @@ int run_command_line(int argc, char** argv)
         add_episode_command(app),
         add_boot_command(app),
         add_snapshot_command(app),
+        add_serve_command(app),
     };
 
     try {

@@ -1,0 +1,99 @@
+// agentvm-serve: what `agentvm serve` runs (docs/api.md). A program of its own: libmicrohttpd
+// can only be linked dynamically here (Debian ships no static p11-kit or libunistring, which
+// its gnutls needs), while agentvm, which runs every VMM, stays static for its start time.
+#include <CLI/CLI.hpp>
+#include <spdlog/spdlog.h>
+
+#include <sys/stat.h>
+
+#include <csignal>
+#include <fstream>
+#include <sstream>
+
+#include "cli/exit_codes.hpp"
+#include "cli/logging.hpp"
+#include "common/error.hpp"
+#include "service/serve.hpp"
+
+namespace {
+
+using namespace agentvm;
+
+std::string read_token(const std::string& path)
+{
+    std::ifstream file(path, std::ios::binary);
+    if (!file)
+        throw Error(fmt::format("--token-file {}: cannot be read", path));
+    std::ostringstream text;
+    text << file.rdbuf();
+    std::string token = text.str();
+    while (!token.empty() && (token.back() == '\n' || token.back() == '\r' || token.back() == ' '))
+        token.pop_back();
+    if (token.empty())
+        throw Error(fmt::format("--token-file {}: the file is empty", path));
+    if (token.find_first_of(" \t\r\n:") != std::string::npos)
+        throw Error(fmt::format("--token-file {}: the token must be one word without ':'", path));
+    struct stat st {};
+    if (::stat(path.c_str(), &st) == 0 && (st.st_mode & 077) != 0)
+        spdlog::warn("--token-file {} can be read by other users (mode {:o}); chmod 600 it", path, st.st_mode & 0777);
+    return token;
+}
+
+std::string default_socket()
+{
+    if (::geteuid() == 0) {
+        ::mkdir("/run/agentvm", 0700);
+        return "/run/agentvm/serve.sock";
+    }
+    if (const char* runtime = std::getenv("XDG_RUNTIME_DIR"); runtime && *runtime)
+        return std::string(runtime) + "/agentvm-serve.sock";
+    throw Error("no default socket for a non-root user without XDG_RUNTIME_DIR: give --listen unix:PATH");
+}
+
+} // namespace
+
+int main(int argc, char** argv)
+{
+    std::signal(SIGPIPE, SIG_IGN);
+    CLI::App app{"agentvm serve: the per-host sandbox service (HTTP API, docs/api.md)"};
+    app.name("agentvm serve");
+    std::vector<std::string> listen;
+    std::string token_file;
+    bool no_auth = false;
+    std::string log_level = "info";
+    app.add_option("--listen", listen,
+                   "unix:PATH (mode 0600) or tcp:HOST:PORT, repeatable (default: unix:/run/agentvm/serve.sock "
+                   "as root)");
+    app.add_option("--token-file", token_file, "file holding the token every request must carry");
+    app.add_flag("--no-auth", no_auth, "allow a TCP listener without a token (loopback addresses only)");
+    app.add_option("--log-level", log_level, "trace, debug, info, warn, error, critical or off")->capture_default_str();
+    try {
+        app.parse(argc, argv);
+    } catch (const CLI::ParseError& e) {
+        return app.exit(e) == 0 ? 0 : exit_code::usage;
+    }
+    try {
+        setup_logging(log_level);
+        ServeConfig config;
+        if (listen.empty())
+            listen.push_back("unix:" + default_socket());
+        for (const std::string& text : listen)
+            config.listen.push_back(parse_listen_spec(text));
+        if (!token_file.empty())
+            config.token = read_token(token_file);
+        for (const ListenSpec& spec : config.listen) {
+            if (!spec.tcp || config.token)
+                continue;
+            if (!no_auth)
+                throw Error(fmt::format("--listen {} needs a token: give --token-file FILE (or --no-auth, for a "
+                                        "loopback address only)", spec.text()));
+            if (!spec.loopback())
+                throw Error(fmt::format("--listen {}: --no-auth is allowed on loopback addresses only",
+                                        spec.text()));
+        }
+        return run_serve(config);
+    } catch (const std::exception& e) {
+        spdlog::error("{}", e.what());
+        return exit_code::error;
+    }
+}

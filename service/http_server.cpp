@@ -1,0 +1,424 @@
+#include "service/http_server.hpp"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <microhttpd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
+
+#include "common/error.hpp"
+
+namespace agentvm {
+
+namespace {
+
+// Streamed bytes already sent are dropped from the buffer once they are this many.
+constexpr size_t stream_compact_bytes = 256 * 1024;
+// What MHD keeps per connection (request headers included): a header block larger than this
+// is refused with 431 by MHD. 16 KiB halves the default's memory per idle connection.
+constexpr size_t connection_memory = 16 * 1024;
+
+// Compares without an early exit, so the time taken says nothing of where a guess went wrong.
+bool same_secret(std::string_view a, std::string_view b)
+{
+    unsigned char diff = a.size() == b.size() ? 0 : 1;
+    for (size_t i = 0; i < a.size(); ++i)
+        diff |= static_cast<unsigned char>(a[i] ^ (i < b.size() ? b[i] : 0));
+    return diff == 0;
+}
+
+} // namespace
+
+struct HttpServer::Daemon {
+    MHD_Daemon* mhd = nullptr;
+    int epoll_fd = -1;
+    std::optional<LoopTimer> timer;
+    bool accepting = true;
+};
+
+// MHD's callbacks, with the exact types it calls them with.
+struct HttpCallbacks {
+    static MHD_Result request(void* self, MHD_Connection* connection, const char* url, const char* method,
+                              const char* /*version*/, const char* upload_data, size_t* upload_data_size,
+                              void** context)
+    {
+        return static_cast<HttpServer*>(self)->handle(connection, url, method, upload_data, upload_data_size,
+                                                      context)
+            ? MHD_YES
+            : MHD_NO;
+    }
+
+    static void completed(void* /*self*/, MHD_Connection* /*connection*/, void** context,
+                          MHD_RequestTerminationCode how)
+    {
+        auto* held = static_cast<std::shared_ptr<HttpExchange>*>(*context);
+        if (!held)
+            return;
+        HttpExchange& exchange = **held;
+        exchange.connection_ = nullptr;
+        exchange.gone_ = true;
+        const bool whole = how == MHD_REQUEST_TERMINATED_COMPLETED_OK;
+        auto on_gone = std::move(exchange.on_gone_);
+        exchange.on_drained_ = nullptr;
+        delete held;
+        *context = nullptr;
+        if (!whole && on_gone)
+            on_gone();
+    }
+
+    static ssize_t read_stream(void* cls, uint64_t pos, char* buffer, size_t max)
+    {
+        return static_cast<HttpExchange*>(cls)->read_stream(pos, buffer, max);
+    }
+
+    static void log(void* /*cls*/, const char* format, va_list args)
+    {
+        char line[512];
+        std::vsnprintf(line, sizeof line, format, args);
+        std::string text(line);
+        while (!text.empty() && text.back() == '\n')
+            text.pop_back();
+        spdlog::debug("http: {}", text);
+    }
+};
+
+std::optional<std::string> HttpExchange::header(const char* name) const
+{
+    if (!connection_)
+        return std::nullopt;
+    const char* value = MHD_lookup_connection_value(connection_, MHD_HEADER_KIND, name);
+    return value ? std::optional<std::string>(value) : std::nullopt;
+}
+
+std::optional<std::string> HttpExchange::query(const char* name) const
+{
+    if (!connection_)
+        return std::nullopt;
+    const char* value = MHD_lookup_connection_value(connection_, MHD_GET_ARGUMENT_KIND, name);
+    return value ? std::optional<std::string>(value) : std::nullopt;
+}
+
+void HttpExchange::respond(int status, std::string body, const char* content_type)
+{
+    if (answered_)
+        return;
+    answered_ = true;
+    answer_ = Answer{status, std::move(body), content_type, std::nullopt, false};
+    wake();
+}
+
+void HttpExchange::respond_error(int status, const std::string& code, const std::string& message,
+                                 std::optional<int> retry_after_s)
+{
+    if (answered_)
+        return;
+    answered_ = true;
+    const nlohmann::json error{{"error", code}, {"message", message}};
+    answer_ = Answer{status, error.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n",
+                     "application/json", retry_after_s, false};
+    wake();
+}
+
+void HttpExchange::start_stream(int status, const char* content_type)
+{
+    if (answered_)
+        return;
+    answered_ = true;
+    answer_ = Answer{status, {}, content_type, std::nullopt, true};
+    wake();
+}
+
+void HttpExchange::write(std::string_view bytes)
+{
+    if (gone_ || stream_finished_ || bytes.empty())
+        return;
+    stream_.append(bytes);
+    wake();
+}
+
+void HttpExchange::finish()
+{
+    if (gone_ || stream_finished_)
+        return;
+    stream_finished_ = true;
+    wake();
+}
+
+void HttpExchange::on_drained(size_t low_water, std::function<void()> callback)
+{
+    low_water_ = low_water;
+    on_drained_ = std::move(callback);
+}
+
+void HttpExchange::wake()
+{
+    if (connection_ && suspended_) {
+        suspended_ = false;
+        MHD_resume_connection(connection_);
+    }
+}
+
+long HttpExchange::read_stream(uint64_t /*pos*/, char* buffer, size_t max)
+{
+    const size_t ready = stream_.size() - stream_sent_;
+    if (ready == 0) {
+        if (stream_finished_)
+            return MHD_CONTENT_READER_END_OF_STREAM;
+        // Nothing yet: park the connection until write() or finish() wakes it (returning 0
+        // without suspending would have MHD call again at once, spinning).
+        suspended_ = true;
+        MHD_suspend_connection(connection_);
+        return 0;
+    }
+    const size_t n = std::min(ready, max);
+    std::memcpy(buffer, stream_.data() + stream_sent_, n);
+    stream_sent_ += n;
+    if (stream_sent_ >= stream_compact_bytes) {
+        stream_.erase(0, stream_sent_);
+        stream_sent_ = 0;
+    }
+    if (on_drained_ && buffered() < low_water_) {
+        auto callback = std::move(on_drained_);
+        on_drained_ = nullptr;
+        callback();
+    }
+    return static_cast<long>(n);
+}
+
+HttpServer::HttpServer(EventLoop& loop, std::vector<Fd> listeners, Options options, Handler handler)
+    : loop_(loop), options_(std::move(options)), handler_(std::move(handler))
+{
+    for (Fd& listener : listeners) {
+        auto daemon = std::make_unique<Daemon>();
+        const int fd = listener.release();
+        daemon->mhd = MHD_start_daemon(
+            MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ITC | MHD_USE_ERROR_LOG, 0, nullptr, nullptr,
+            &HttpCallbacks::request, this,
+            MHD_OPTION_EXTERNAL_LOGGER, &HttpCallbacks::log, nullptr,  // first, or MHD logs to stderr
+            MHD_OPTION_LISTEN_SOCKET, fd,
+            MHD_OPTION_NOTIFY_COMPLETED, &HttpCallbacks::completed, this,
+            MHD_OPTION_CONNECTION_LIMIT, options_.max_connections,
+            MHD_OPTION_CONNECTION_TIMEOUT, static_cast<unsigned>(options_.idle_timeout.count()),
+            MHD_OPTION_CONNECTION_MEMORY_LIMIT, connection_memory,
+            MHD_OPTION_END);
+        if (!daemon->mhd) {
+            ::close(fd);
+            throw Error("starting the HTTP server failed (libmicrohttpd refused the listening socket)");
+        }
+        const MHD_DaemonInfo* info = MHD_get_daemon_info(daemon->mhd, MHD_DAEMON_INFO_EPOLL_FD);
+        daemon->epoll_fd = info->epoll_fd;
+        Daemon& d = *daemon;
+        daemon->timer.emplace(loop_, [this, &d] { run_daemon(d); });
+        loop_.watch_readable(daemon->epoll_fd, [this, &d] { run_daemon(d); });
+        daemons_.push_back(std::move(daemon));
+        run_daemon(d);
+    }
+}
+
+HttpServer::~HttpServer()
+{
+    for (auto& daemon : daemons_) {
+        loop_.unwatch(daemon->epoll_fd);
+        daemon->timer.reset();
+        MHD_stop_daemon(daemon->mhd);
+    }
+}
+
+void HttpServer::stop_accepting()
+{
+    for (auto& daemon : daemons_) {
+        if (!daemon->accepting)
+            continue;
+        daemon->accepting = false;
+        const MHD_socket listener = MHD_quiesce_daemon(daemon->mhd);
+        if (listener != MHD_INVALID_SOCKET)
+            ::close(listener);
+    }
+}
+
+void HttpServer::run_daemon(Daemon& daemon)
+{
+    MHD_run(daemon.mhd);
+    MHD_UNSIGNED_LONG_LONG timeout_ms = 0;
+    if (MHD_get_timeout(daemon.mhd, &timeout_ms) == MHD_YES)
+        daemon.timer->arm(std::chrono::milliseconds(timeout_ms));
+    else
+        daemon.timer->cancel();
+}
+
+bool HttpServer::authorized(MHD_Connection* connection) const
+{
+    if (!options_.token)
+        return true;
+    if (const char* value = MHD_lookup_connection_value(connection, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION)) {
+        const std::string_view header(value);
+        constexpr std::string_view bearer = "Bearer ";
+        if (header.starts_with(bearer))
+            return same_secret(header.substr(bearer.size()), *options_.token);
+    }
+    char* password = nullptr;
+    char* user = MHD_basic_auth_get_username_password(connection, &password);
+    const bool ok = password && same_secret(password, *options_.token);
+    MHD_free(user);
+    MHD_free(password);
+    return ok;
+}
+
+bool HttpServer::handle(MHD_Connection* connection, const char* url, const char* method, const char* upload_data,
+                        size_t* upload_data_size, void** context)
+{
+    auto* held = static_cast<std::shared_ptr<HttpExchange>*>(*context);
+    if (!held) {
+        held = new std::shared_ptr<HttpExchange>(new HttpExchange(connection, method, url));
+        *context = held;
+        HttpExchange& exchange = **held;
+        if (!authorized(connection)) {
+            exchange.respond_error(401, "unauthorized",
+                                   "a valid token is required: 'Authorization: Bearer TOKEN', or TOKEN as the "
+                                   "password of HTTP Basic auth");
+        } else if (const char* length = MHD_lookup_connection_value(connection, MHD_HEADER_KIND,
+                                                                    MHD_HTTP_HEADER_CONTENT_LENGTH)) {
+            errno = 0;
+            char* end = nullptr;
+            const unsigned long long bytes = std::strtoull(length, &end, 10);
+            if (errno == 0 && end != length && *end == '\0' && bytes > options_.max_body)
+                exchange.respond_error(413, "body_too_large",
+                                       fmt::format("the request body is {} bytes; at most {} are taken here", bytes,
+                                                   options_.max_body));
+        }
+        // Answered already (401, 413): queued now, so MHD closes the connection after it
+        // instead of reading a body nobody wants.
+        if (exchange.answer_)
+            return queue(exchange);
+        return true;
+    }
+    HttpExchange& exchange = **held;
+    if (exchange.queued_) {
+        *upload_data_size = 0;
+        return true;
+    }
+    if (*upload_data_size > 0) {
+        if (exchange.body_.size() + *upload_data_size > options_.max_body)
+            exchange.body_too_large_ = true;
+        else
+            exchange.body_.append(upload_data, *upload_data_size);
+        *upload_data_size = 0;
+        return true;
+    }
+    if (!exchange.dispatched_) {
+        exchange.dispatched_ = true;
+        if (exchange.body_too_large_) {
+            exchange.respond_error(413, "body_too_large",
+                                   fmt::format("the request body is over {} bytes", options_.max_body));
+        } else {
+            try {
+                handler_(*held);
+            } catch (const std::exception& e) {
+                spdlog::error("http: {} {}: {}", exchange.method_, exchange.path_, e.what());
+                exchange.respond_error(500, "internal", e.what());
+            }
+        }
+    }
+    if (exchange.answer_ && !exchange.queued_)
+        return queue(exchange);
+    if (!exchange.queued_ && !exchange.suspended_) {
+        // The handler answers later: wait without a thread until respond() wakes us.
+        exchange.suspended_ = true;
+        MHD_suspend_connection(connection);
+    }
+    return true;
+}
+
+bool HttpServer::queue(HttpExchange& exchange)
+{
+    auto& answer = *exchange.answer_;
+    MHD_Response* response = nullptr;
+    if (answer.streamed) {
+        response = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 64 * 1024, &HttpCallbacks::read_stream,
+                                                     &exchange, nullptr);
+    } else {
+        response = MHD_create_response_from_buffer(answer.body.size(), answer.body.data(), MHD_RESPMEM_MUST_COPY);
+        answer.body.clear();
+    }
+    if (!response)
+        return false;
+    MHD_add_response_header(response, MHD_HTTP_HEADER_CONTENT_TYPE, answer.content_type.c_str());
+    if (answer.retry_after_s)
+        MHD_add_response_header(response, MHD_HTTP_HEADER_RETRY_AFTER, std::to_string(*answer.retry_after_s).c_str());
+    if (answer.status == 401)
+        MHD_add_response_header(response, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Basic realm=\"agentvm\"");
+    const MHD_Result queued = MHD_queue_response(exchange.connection_, static_cast<unsigned>(answer.status), response);
+    MHD_destroy_response(response);
+    exchange.queued_ = queued == MHD_YES;
+    return exchange.queued_;
+}
+
+Fd listen_unix(const std::string& path)
+{
+    sockaddr_un address{};
+    address.sun_family = AF_UNIX;
+    if (path.empty() || path.size() >= sizeof address.sun_path)
+        throw Error(fmt::format("--listen unix:{}: the path must be 1 to {} bytes", path, sizeof address.sun_path - 1));
+    std::memcpy(address.sun_path, path.data(), path.size());
+    Fd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+    if (!fd)
+        throw_errno("creating a Unix socket");
+    struct stat st {};
+    if (::lstat(path.c_str(), &st) == 0) {
+        if (!S_ISSOCK(st.st_mode))
+            throw Error(fmt::format("--listen unix:{}: the path exists and is not a socket", path));
+        ::unlink(path.c_str());
+    }
+    if (::bind(fd.get(), reinterpret_cast<const sockaddr*>(&address), sizeof address) != 0)
+        throw_errno(fmt::format("--listen unix:{}: bind", path));
+    // Nobody can connect before listen(): the mode is set with no window open.
+    if (::chmod(path.c_str(), 0600) != 0 || ::listen(fd.get(), 1024) != 0)
+        throw_errno(fmt::format("--listen unix:{}", path));
+    return fd;
+}
+
+Fd listen_tcp(const std::string& host, uint16_t port)
+{
+    const std::string numeric = host == "localhost" ? "127.0.0.1" : host;
+    sockaddr_storage storage{};
+    socklen_t length = 0;
+    int family = AF_INET;
+    auto* v4 = reinterpret_cast<sockaddr_in*>(&storage);
+    auto* v6 = reinterpret_cast<sockaddr_in6*>(&storage);
+    if (::inet_pton(AF_INET, numeric.c_str(), &v4->sin_addr) == 1) {
+        v4->sin_family = AF_INET;
+        v4->sin_port = htons(port);
+        length = sizeof *v4;
+    } else if (::inet_pton(AF_INET6, numeric.c_str(), &v6->sin6_addr) == 1) {
+        family = AF_INET6;
+        v6->sin6_family = AF_INET6;
+        v6->sin6_port = htons(port);
+        length = sizeof *v6;
+    } else {
+        throw Error(fmt::format("--listen tcp:{}:{}: the host must be a numeric IPv4 or IPv6 address or localhost",
+                                host, port));
+    }
+    Fd fd(::socket(family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+    if (!fd)
+        throw_errno("creating a TCP socket");
+    const int one = 1;
+    ::setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (::bind(fd.get(), reinterpret_cast<const sockaddr*>(&storage), length) != 0)
+        throw_errno(fmt::format("--listen tcp:{}:{}: bind", host, port));
+    if (::listen(fd.get(), 1024) != 0)
+        throw_errno(fmt::format("--listen tcp:{}:{}: listen", host, port));
+    return fd;
+}
+
+} // namespace agentvm

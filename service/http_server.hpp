@@ -1,0 +1,145 @@
+// An HTTP/1.1 server on our event loop, through libmicrohttpd (README, "Dependencies", says
+// why that library): MHD parses and writes HTTP; this class drives it from the loop (its
+// epoll fd watched, its timeout on a LoopTimer, no thread of its own) and turns its callbacks
+// into one HttpExchange per request.
+//
+// A request reaches the handler once its body has arrived whole, at most max_body bytes (a
+// Content-Length over it is answered 413 before the body is read). The handler answers at
+// once or later (the connection waits, suspended, costing no thread), with a whole body or a
+// stream written piece by piece with backpressure. Every request is authenticated first when
+// a token is set: "Authorization: Bearer TOKEN", or TOKEN as the password of Basic auth (any
+// user name), else 401 with a JSON error.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/fd.hpp"
+#include "core/event_loop.hpp"
+#include "core/loop_timer.hpp"
+
+struct MHD_Daemon;
+struct MHD_Connection;
+
+namespace agentvm {
+
+class HttpServer;
+
+// One request and its answer. Lives until both the handler has let go of it and MHD has
+// finished the request; gone() says the client went away first.
+class HttpExchange {
+public:
+    const std::string& method() const { return method_; }
+    const std::string& path() const { return path_; }
+    const std::string& body() const { return body_; }
+    // A request header or query argument, while the request runs (nullopt once gone()).
+    std::optional<std::string> header(const char* name) const;
+    std::optional<std::string> query(const char* name) const;
+
+    // The whole answer, once.
+    void respond(int status, std::string body, const char* content_type = "application/json");
+    // A JSON error {"error": code, "message": message}, with Retry-After when given.
+    void respond_error(int status, const std::string& code, const std::string& message,
+                       std::optional<int> retry_after_s = std::nullopt);
+
+    // A streamed answer: start once, write pieces, then finish. buffered() is what the client
+    // has not taken yet; on_drained runs (once per set) when it falls below low_water.
+    void start_stream(int status, const char* content_type);
+    void write(std::string_view bytes);
+    void finish();
+    size_t buffered() const { return stream_.size() - stream_sent_; }
+    void on_drained(size_t low_water, std::function<void()> callback);
+
+    bool answered() const { return answered_; }
+    bool gone() const { return gone_; }
+    // Runs once when the client goes away before the answer was sent whole.
+    void on_gone(std::function<void()> callback) { on_gone_ = std::move(callback); }
+
+private:
+    friend class HttpServer;
+    friend struct HttpCallbacks;
+    struct Answer {
+        int status = 0;
+        std::string body;
+        std::string content_type;
+        std::optional<int> retry_after_s;
+        bool streamed = false;
+    };
+
+    HttpExchange(MHD_Connection* connection, std::string method, std::string path)
+        : connection_(connection), method_(std::move(method)), path_(std::move(path))
+    {
+    }
+    void wake();
+    long read_stream(uint64_t pos, char* buffer, size_t max);
+
+    MHD_Connection* connection_;
+    std::string method_;
+    std::string path_;
+    std::string body_;
+    bool body_too_large_ = false;
+    bool dispatched_ = false;
+    bool suspended_ = false;
+    bool queued_ = false;
+    bool answered_ = false;
+    bool gone_ = false;
+    std::optional<Answer> answer_;
+    std::string stream_;        // streamed bytes; the sent prefix is dropped now and then
+    size_t stream_sent_ = 0;
+    bool stream_finished_ = false;
+    size_t low_water_ = 0;
+    std::function<void()> on_drained_;
+    std::function<void()> on_gone_;
+};
+
+class HttpServer {
+public:
+    using Handler = std::function<void(const std::shared_ptr<HttpExchange>&)>;
+
+    struct Options {
+        std::optional<std::string> token;  // required of every request when set
+        size_t max_body = size_t{1} << 20;
+        unsigned max_connections = 4096;
+        // A connection that sends or takes nothing for this long is closed (while its
+        // request waits for a suspended answer, it is not counted).
+        std::chrono::seconds idle_timeout{60};
+    };
+
+    // Serves on each listening socket (already bound and listening; see listen_unix and
+    // listen_tcp) until destroyed.
+    HttpServer(EventLoop& loop, std::vector<Fd> listeners, Options options, Handler handler);
+    ~HttpServer();
+    HttpServer(const HttpServer&) = delete;
+    HttpServer& operator=(const HttpServer&) = delete;
+
+    // Stops accepting connections; requests already running go on.
+    void stop_accepting();
+
+private:
+    struct Daemon;
+
+    friend struct HttpCallbacks;
+
+    void run_daemon(Daemon& daemon);
+    bool handle(MHD_Connection* connection, const char* url, const char* method, const char* upload_data,
+               size_t* upload_data_size, void** context);
+    bool authorized(MHD_Connection* connection) const;
+    bool queue(HttpExchange& exchange);
+
+    EventLoop& loop_;
+    Options options_;
+    Handler handler_;
+    std::vector<std::unique_ptr<Daemon>> daemons_;
+};
+
+// A Unix socket listening at `path` with mode 0600 (a stale socket file there is replaced).
+Fd listen_unix(const std::string& path);
+// A TCP socket listening on host:port (numeric IPv4 or IPv6 host; "localhost" is 127.0.0.1).
+Fd listen_tcp(const std::string& host, uint16_t port);
+
+} // namespace agentvm

@@ -1,0 +1,59 @@
+#include "service/listen_spec.hpp"
+
+#include <charconv>
+
+#include <fmt/format.h>
+
+#include "common/error.hpp"
+
+namespace agentvm {
+
+bool ListenSpec::loopback() const
+{
+    return tcp && (host == "localhost" || host == "::1" || host.starts_with("127."));
+}
+
+std::string ListenSpec::text() const
+{
+    if (!tcp)
+        return "unix:" + path;
+    return host.find(':') != std::string::npos ? fmt::format("tcp:[{}]:{}", host, port)
+                                               : fmt::format("tcp:{}:{}", host, port);
+}
+
+ListenSpec parse_listen_spec(const std::string& text)
+{
+    ListenSpec spec;
+    if (text.starts_with("unix:")) {
+        spec.path = text.substr(5);
+        if (spec.path.empty())
+            throw Error(fmt::format("--listen {}: give a socket path after unix:", text));
+        return spec;
+    }
+    if (!text.starts_with("tcp:"))
+        throw Error(fmt::format("--listen {}: expected unix:PATH or tcp:HOST:PORT", text));
+    spec.tcp = true;
+    std::string rest = text.substr(4);
+    size_t colon = 0;
+    if (rest.starts_with("[")) {
+        const size_t close = rest.find(']');
+        if (close == std::string::npos || close + 1 >= rest.size() || rest[close + 1] != ':')
+            throw Error(fmt::format("--listen {}: expected tcp:[IPV6]:PORT", text));
+        spec.host = rest.substr(1, close - 1);
+        colon = close + 1;
+    } else {
+        colon = rest.rfind(':');
+        if (colon == std::string::npos || colon == 0)
+            throw Error(fmt::format("--listen {}: expected tcp:HOST:PORT", text));
+        spec.host = rest.substr(0, colon);
+    }
+    const std::string port = rest.substr(colon + 1);
+    unsigned value = 0;
+    const auto [end, err] = std::from_chars(port.data(), port.data() + port.size(), value);
+    if (err != std::errc() || end != port.data() + port.size() || value == 0 || value > 65535)
+        throw Error(fmt::format("--listen {}: the port must be a number from 1 to 65535", text));
+    spec.port = static_cast<uint16_t>(value);
+    return spec;
+}
+
+} // namespace agentvm
