@@ -16,7 +16,7 @@
 #include <optional>
 #include <string>
 
-#include "cli/async_writer.hpp"
+#include "core/async_writer.hpp"
 #include "cli/line_reader.hpp"
 #include "cli/response_stream.hpp"
 #include "common/fd.hpp"

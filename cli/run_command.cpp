@@ -15,7 +15,7 @@
 #include <spdlog/spdlog.h>
 
 #include "cli/agent_vm.hpp"
-#include "cli/async_writer.hpp"
+#include "core/async_writer.hpp"
 #include "cli/episode_relay.hpp"
 #include "cli/exit_codes.hpp"
 #include "cli/supervised.hpp"

@@ -1,4 +1,4 @@
-#include "cli/async_writer.hpp"
+#include "core/async_writer.hpp"
 
 #include <poll.h>
 #include <unistd.h>
