@@ -38,6 +38,15 @@ void set_nonblocking(int fd)
     ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
 }
 
+// Hands on what a non-blocking fd holds now, until it is empty or at its end.
+template <typename Take>
+void read_available(int fd, Take take)
+{
+    char buffer[65536];
+    for (ssize_t n; (n = ::read(fd, buffer, sizeof buffer)) > 0;)
+        take(std::string_view(buffer, static_cast<size_t>(n)));
+}
+
 } // namespace
 
 EpisodeProcess::EpisodeProcess(EventLoop& loop, const std::string& program, const std::vector<std::string>& args,
@@ -95,12 +104,7 @@ EpisodeProcess::EpisodeProcess(EventLoop& loop, const std::string& program, cons
                            FdReader::Handlers{[this](std::string_view bytes) { stdout_lines_.feed(bytes); },
                                               [this](int) { stdout_lines_.finish(); }});
     stderr_reader_.emplace(loop_, stderr_fd_.get(),
-                           FdReader::Handlers{[this](std::string_view bytes) {
-                                                  stderr_tail_.append(bytes);
-                                                  if (stderr_tail_.size() > stderr_keep)
-                                                      stderr_tail_.erase(0, stderr_tail_.size() - stderr_keep);
-                                              },
-                                              [](int) {}});
+                           FdReader::Handlers{[this](std::string_view bytes) { keep_stderr(bytes); }, [](int) {}});
     stdout_reader_->start();
     stderr_reader_->start();
     loop_.watch_readable(pidfd_.get(), [this] { on_pidfd(); });
@@ -170,6 +174,13 @@ void EpisodeProcess::on_stdout_line(std::string&& line)
     broken("the episode's first line is not its ready announcement");
 }
 
+void EpisodeProcess::keep_stderr(std::string_view bytes)
+{
+    stderr_tail_.append(bytes);
+    if (stderr_tail_.size() > stderr_keep)
+        stderr_tail_.erase(0, stderr_tail_.size() - stderr_keep);
+}
+
 void EpisodeProcess::on_pidfd()
 {
     int status = 0;
@@ -180,24 +191,10 @@ void EpisodeProcess::on_pidfd()
     loop_.unwatch(pidfd_.get());
     // What the episode wrote before it ended is still in the pipes: read it first.
     stdout_reader_->stop();
-    for (;;) {
-        char buffer[65536];
-        const ssize_t n = ::read(stdout_fd_.get(), buffer, sizeof buffer);
-        if (n <= 0)
-            break;
-        stdout_lines_.feed({buffer, static_cast<size_t>(n)});
-    }
+    read_available(stdout_fd_.get(), [this](std::string_view bytes) { stdout_lines_.feed(bytes); });
     stdout_lines_.finish();
     stderr_reader_->stop();
-    for (;;) {
-        char buffer[16384];
-        const ssize_t n = ::read(stderr_fd_.get(), buffer, sizeof buffer);
-        if (n <= 0)
-            break;
-        stderr_tail_.append(buffer, static_cast<size_t>(n));
-    }
-    if (stderr_tail_.size() > stderr_keep)
-        stderr_tail_.erase(0, stderr_tail_.size() - stderr_keep);
+    read_available(stderr_fd_.get(), [this](std::string_view bytes) { keep_stderr(bytes); });
     handlers_.on_exit(status);
 }
 

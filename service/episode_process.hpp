@@ -54,6 +54,7 @@ public:
 private:
     void on_stdout_line(std::string&& line);
     void broken(const std::string& why);
+    void keep_stderr(std::string_view bytes);
     void on_pidfd();
 
     EventLoop& loop_;
