@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 
 #include <csignal>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -61,11 +62,34 @@ int main(int argc, char** argv)
     std::string token_file;
     bool no_auth = false;
     std::string log_level = "info";
+    std::vector<std::string> pools;
+    ServeConfig config;
+    unsigned drain_grace_s = 30;
     app.add_option("--listen", listen,
                    "unix:PATH (mode 0600) or tcp:HOST:PORT, repeatable (default: unix:/run/agentvm/serve.sock "
                    "as root)");
     app.add_option("--token-file", token_file, "file holding the token every request must carry");
     app.add_flag("--no-auth", no_auth, "allow a TCP listener without a token (loopback addresses only)");
+    app.add_option("--pool", pools,
+                   "NAME=N: keep N VMs of a snapshot ready (NAME: default, set-up's snapshot, or a snapshot "
+                   "directory); repeatable (default: default=2)");
+    app.add_option("--max-sandboxes", config.sandboxes.max_sandboxes,
+                   "VMs serve runs at most, warm ones included; a create past it is answered 429")
+        ->capture_default_str()
+        ->check(CLI::Range(1u, 100000u));
+    app.add_option("--mem-reserve", config.sandboxes.mem_reserve_mib,
+                   "MiB of host memory (MemAvailable) no VM start may eat into; a create that would is answered 503")
+        ->capture_default_str();
+    app.add_option("--pool-refill", config.sandboxes.refill_concurrency, "VM starts a pool refill runs at once")
+        ->capture_default_str()
+        ->check(CLI::Range(1u, 256u));
+    app.add_option("--history", config.sandboxes.history_limit, "calls each sandbox's history keeps (the latest)")
+        ->capture_default_str()
+        ->check(CLI::Range(1u, 100000u));
+    app.add_option("--drain-grace", drain_grace_s,
+                   "seconds running calls may take to finish after SIGTERM before their VMs are stopped")
+        ->capture_default_str()
+        ->check(CLI::Range(0u, 86400u));
     app.add_option("--log-level", log_level, "trace, debug, info, warn, error, critical or off")->capture_default_str();
     try {
         app.parse(argc, argv);
@@ -74,7 +98,17 @@ int main(int argc, char** argv)
     }
     try {
         setup_logging(log_level);
-        ServeConfig config;
+        config.drain_grace = std::chrono::seconds(drain_grace_s);
+        config.sandboxes.program = (std::filesystem::read_symlink("/proc/self/exe").parent_path() / "agentvm").string();
+        if (pools.empty())
+            pools.push_back("default=2");
+        for (const std::string& text : pools) {
+            PoolConfig pool = parse_pool_spec(text);
+            for (const PoolConfig& other : config.sandboxes.pools)
+                if (other.name == pool.name)
+                    throw Error(fmt::format("--pool {}: the pool {} is given twice", text, pool.name));
+            config.sandboxes.pools.push_back(std::move(pool));
+        }
         if (listen.empty())
             listen.push_back("unix:" + default_socket());
         for (const std::string& text : listen)

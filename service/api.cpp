@@ -2,17 +2,200 @@
 
 #include <fmt/format.h>
 
+#include "service/api_error.hpp"
+#include "service/call_relay.hpp"
+#include "service/create_request.hpp"
+#include "service/file_transfer.hpp"
+
 namespace agentvm {
+namespace {
+
+constexpr std::string_view sandboxes_prefix = "/v1/sandboxes";
+
+void require_method(const HttpExchange& exchange, const char* method)
+{
+    if (exchange.method() != method)
+        throw ApiError(405, "method_not_allowed", fmt::format("{} takes {}", exchange.path(), method));
+}
+
+Json json_body(const HttpExchange& exchange)
+{
+    Json body = Json::parse(exchange.body(), nullptr, false);
+    if (!body.is_object())
+        throw ApiError(400, "bad_json", "the body must be a JSON object");
+    return body;
+}
+
+std::string json_text(const Json& value)
+{
+    return value.dump(-1, ' ', false, Json::error_handler_t::replace) + "\n";
+}
+
+// What a history entry keeps of a request's argv or cmd: strings clipped to 1 KiB, arrays to
+// 64 entries, so a huge command line costs the history little.
+Json clipped(const Json& value)
+{
+    constexpr size_t max_string = 1024;
+    constexpr size_t max_items = 64;
+    if (value.is_string() && value.get_ref<const std::string&>().size() > max_string)
+        return value.get_ref<const std::string&>().substr(0, max_string) + "…";
+    if (value.is_array()) {
+        Json out = Json::array();
+        for (size_t i = 0; i < value.size() && i < max_items; ++i)
+            out.push_back(clipped(value[i]));
+        if (value.size() > max_items)
+            out.push_back("…");
+        return out;
+    }
+    return value;
+}
+
+// ".../sandboxes/ID/ACTION" -> {ID, ACTION}; ACTION is empty for the sandbox itself.
+std::pair<std::string, std::string> split_sandbox_path(std::string_view rest)
+{
+    const size_t slash = rest.find('/');
+    if (slash == std::string_view::npos)
+        return {std::string(rest), ""};
+    return {std::string(rest.substr(0, slash)), std::string(rest.substr(slash + 1))};
+}
+
+} // namespace
+
+bool ServiceApi::streams_body(std::string_view method, std::string_view path)
+{
+    return method == "PUT" && path.starts_with(sandboxes_prefix) && path.ends_with("/files");
+}
 
 void ServiceApi::handle(const std::shared_ptr<HttpExchange>& exchange)
 {
+    try {
+        route(exchange);
+    } catch (const ApiError& e) {
+        exchange->respond_error(e.status, e.code, e.what());
+    }
+}
+
+void ServiceApi::route(const std::shared_ptr<HttpExchange>& exchange)
+{
     const std::string& path = exchange->path();
     if (path == "/healthz") {
-        if (exchange->method() != "GET")
-            return exchange->respond_error(405, "method_not_allowed", fmt::format("{} takes GET", path));
+        require_method(*exchange, "GET");
         return exchange->respond(200, "{\"status\":\"ok\"}\n");
     }
-    exchange->respond_error(404, "not_found", fmt::format("no such endpoint: {} {}", exchange->method(), path));
+    if (path == "/metrics") {
+        require_method(*exchange, "GET");
+        return exchange->respond(200, manager_.metrics_text(), "text/plain; version=0.0.4");
+    }
+    if (path == sandboxes_prefix) {
+        if (exchange->method() == "POST")
+            return create(exchange);
+        require_method(*exchange, "GET");
+        Json list = Json::array();
+        for (const auto& sandbox : manager_.sandboxes())
+            list.push_back(sandbox->describe());
+        return exchange->respond(200, json_text(Json{{"sandboxes", std::move(list)}}));
+    }
+    if (path.starts_with(std::string(sandboxes_prefix) + "/")) {
+        auto [id, action] = split_sandbox_path(std::string_view(path).substr(sandboxes_prefix.size() + 1));
+        return sandbox_request(exchange, id, action);
+    }
+    throw ApiError(404, "not_found", fmt::format("no such endpoint: {} {}", exchange->method(), path));
+}
+
+void ServiceApi::create(const std::shared_ptr<HttpExchange>& exchange)
+{
+    CreateRequest request = parse_create_request(exchange->body());
+    const std::string pool = request.pool.empty() ? manager_.default_pool() : request.pool;
+    manager_.create(pool, std::move(request.settings),
+                    [this, exchange](Sandbox* sandbox, const Refusal* refusal) {
+                        if (refusal)
+                            return exchange->respond_error(refusal->status, refusal->code, refusal->message,
+                                                           refusal->retry_after_s);
+                        if (exchange->gone()) {
+                            manager_.remove(*sandbox, "its creator went away before it was ready");
+                            return;
+                        }
+                        exchange->respond(201, json_text(sandbox->describe()));
+                    });
+}
+
+void ServiceApi::sandbox_request(const std::shared_ptr<HttpExchange>& exchange, const std::string& id,
+                                 const std::string& action)
+{
+    std::shared_ptr<Sandbox> sandbox = manager_.find(id);
+    if (!sandbox) {
+        if (auto reason = manager_.ended_reason(id))
+            throw ApiError(404, "not_found", fmt::format("sandbox {} has ended ({})", id, *reason));
+        throw ApiError(404, "not_found", fmt::format("no sandbox {}", id));
+    }
+    const std::string& method = exchange->method();
+    if (action.empty()) {
+        if (method == "GET")
+            return exchange->respond(200, json_text(sandbox->describe()));
+        require_method(*exchange, "DELETE");
+        Json answer = sandbox->describe();
+        answer["state"] = "deleted";
+        answer["history"] = sandbox->history().to_json();
+        manager_.remove(*sandbox, "deleted");
+        return exchange->respond(200, json_text(answer));
+    }
+    if (action == "exec" || action == "shell") {
+        require_method(*exchange, "POST");
+        return call(exchange, sandbox, action);
+    }
+    if (action == "files") {
+        const std::optional<std::string> file = exchange->query("path");
+        if (!file || file->empty())
+            throw ApiError(400, "missing_field", "the file is named by the query argument ?path=");
+        if (method == "PUT")
+            return start_upload(sandbox, exchange, *file, exchange->query("mode"));
+        require_method(*exchange, "GET");
+        return start_download(sandbox, exchange, *file);
+    }
+    if (action == "timeout") {
+        require_method(*exchange, "POST");
+        const Json body = json_body(*exchange);
+        if (!body.contains("timeout") || body.size() != 1)
+            throw ApiError(400, "bad_field", "the body is {\"timeout\": SECONDS}");
+        const Json value = body["timeout"];
+        if (!value.is_number() || value.get<double>() < 1 || value.get<double>() > max_sandbox_timeout_s)
+            throw ApiError(400, "bad_field",
+                           fmt::format("\"timeout\" must be a number of seconds from 1 to {}", max_sandbox_timeout_s));
+        sandbox->set_timeout(std::chrono::seconds(std::llround(value.get<double>())));
+        return exchange->respond(200, json_text(sandbox->describe()));
+    }
+    if (action == "history") {
+        require_method(*exchange, "GET");
+        return exchange->respond(200, json_text(sandbox->history().to_json()));
+    }
+    throw ApiError(404, "not_found", fmt::format("no such endpoint: {} {}", method, exchange->path()));
+}
+
+void ServiceApi::call(const std::shared_ptr<HttpExchange>& exchange, const std::shared_ptr<Sandbox>& sandbox,
+                      const std::string& op)
+{
+    Json body = json_body(*exchange);
+    for (const char* serves_own : {"id", "op"})
+        if (body.contains(serves_own))
+            throw ApiError(400, "bad_field", fmt::format("\"{}\" is serve's to set: leave it out", serves_own));
+    bool stream = false;
+    if (body.contains("stream")) {
+        if (!body["stream"].is_boolean())
+            throw ApiError(400, "bad_field", "\"stream\" must be true or false");
+        stream = body["stream"].get<bool>();
+        body.erase("stream");
+    }
+    Json summary{{"op", op}};
+    if (op == "exec" && body.contains("argv"))
+        summary["argv"] = clipped(body["argv"]);
+    if (op == "shell" && body.contains("cmd"))
+        summary["cmd"] = clipped(body["cmd"]);
+    if (body.contains("cwd"))
+        summary["cwd"] = clipped(body["cwd"]);
+    Json request{{"op", op}};
+    for (auto& [key, value] : body.items())
+        request[key] = std::move(value);
+    relay_call(manager_, sandbox, exchange, std::move(request), std::move(summary), stream);
 }
 
 } // namespace agentvm

@@ -2,14 +2,30 @@
 #pragma once
 
 #include <memory>
+#include <string_view>
 
 #include "service/http_server.hpp"
+#include "service/sandbox_manager.hpp"
 
 namespace agentvm {
 
 class ServiceApi {
 public:
+    explicit ServiceApi(SandboxManager& manager) : manager_(manager) {}
+
     void handle(const std::shared_ptr<HttpExchange>& exchange);
+    // The requests whose body streams (HttpServer::Options::streams_body): file uploads.
+    static bool streams_body(std::string_view method, std::string_view path);
+
+private:
+    void route(const std::shared_ptr<HttpExchange>& exchange);
+    void create(const std::shared_ptr<HttpExchange>& exchange);
+    void sandbox_request(const std::shared_ptr<HttpExchange>& exchange, const std::string& id,
+                         const std::string& action);
+    void call(const std::shared_ptr<HttpExchange>& exchange, const std::shared_ptr<Sandbox>& sandbox,
+              const std::string& op);
+
+    SandboxManager& manager_;
 };
 
 } // namespace agentvm

@@ -140,6 +140,12 @@ void EpisodeProcess::close_input()
     });
 }
 
+void EpisodeProcess::terminate()
+{
+    if (!exited_)
+        ::kill(pid_, SIGTERM);
+}
+
 void EpisodeProcess::kill()
 {
     if (!exited_)

@@ -45,7 +45,13 @@ public:
     size_t queued_bytes() const { return stdin_ ? stdin_->queued_bytes() : 0; }
     // End of the episode's stdin: it answers what runs, then ends (exit 0).
     void close_input();
+    // SIGTERM: the episode fails its running calls with `stopped`, stops the VM and exits.
+    void terminate();
     void kill();
+    // Backpressure: no line is read from the episode until resume_output() (the episode
+    // then stops reading its guest, which waits).
+    void pause_output() { stdout_reader_->pause(); }
+    void resume_output() { stdout_reader_->resume(); }
 
     pid_t pid() const { return pid_; }
     bool running() const { return !exited_; }

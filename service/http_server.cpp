@@ -71,6 +71,8 @@ struct HttpCallbacks {
         const bool whole = how == MHD_REQUEST_TERMINATED_COMPLETED_OK;
         auto on_gone = std::move(exchange.on_gone_);
         exchange.on_drained_ = nullptr;
+        exchange.on_body_piece_ = nullptr;  // they may hold the exchange (an upload does)
+        exchange.on_body_end_ = nullptr;
         delete held;
         *context = nullptr;
         if (!whole && on_gone)
@@ -161,16 +163,39 @@ void HttpExchange::on_drained(size_t low_water, std::function<void()> callback)
     on_drained_ = std::move(callback);
 }
 
+void HttpExchange::read_body(std::function<void(std::string_view)> on_piece, std::function<void()> on_end)
+{
+    on_body_piece_ = std::move(on_piece);
+    on_body_end_ = std::move(on_end);
+}
+
+void HttpExchange::resume_body()
+{
+    body_paused_ = false;
+    wake();
+}
+
+void HttpExchange::abort()
+{
+    if (gone_ || stream_finished_)
+        return;
+    stream_aborted_ = true;
+    wake();
+}
+
 void HttpExchange::wake()
 {
     if (connection_ && suspended_) {
         suspended_ = false;
         MHD_resume_connection(connection_);
+        server_->run_soon();
     }
 }
 
 long HttpExchange::read_stream(uint64_t /*pos*/, char* buffer, size_t max)
 {
+    if (stream_aborted_)
+        return MHD_CONTENT_READER_END_WITH_ERROR;
     const size_t ready = stream_.size() - stream_sent_;
     if (ready == 0) {
         if (stream_finished_)
@@ -247,6 +272,12 @@ void HttpServer::stop_accepting()
     }
 }
 
+void HttpServer::run_soon()
+{
+    for (auto& daemon : daemons_)
+        daemon->timer->arm(std::chrono::nanoseconds(1));
+}
+
 void HttpServer::run_daemon(Daemon& daemon)
 {
     MHD_run(daemon.mhd);
@@ -280,9 +311,10 @@ bool HttpServer::handle(MHD_Connection* connection, const char* url, const char*
 {
     auto* held = static_cast<std::shared_ptr<HttpExchange>*>(*context);
     if (!held) {
-        held = new std::shared_ptr<HttpExchange>(new HttpExchange(connection, method, url));
+        held = new std::shared_ptr<HttpExchange>(new HttpExchange(*this, connection, method, url));
         *context = held;
         HttpExchange& exchange = **held;
+        exchange.body_streams_ = options_.streams_body && options_.streams_body(exchange.method_, exchange.path_);
         if (!authorized(connection)) {
             exchange.respond_error(401, "unauthorized",
                                    "a valid token is required: 'Authorization: Bearer TOKEN', or TOKEN as the "
@@ -292,13 +324,15 @@ bool HttpServer::handle(MHD_Connection* connection, const char* url, const char*
             errno = 0;
             char* end = nullptr;
             const unsigned long long bytes = std::strtoull(length, &end, 10);
-            if (errno == 0 && end != length && *end == '\0' && bytes > options_.max_body)
+            if (errno == 0 && end != length && *end == '\0' && bytes > options_.max_body && !exchange.body_streams_)
                 exchange.respond_error(413, "body_too_large",
                                        fmt::format("the request body is {} bytes; at most {} are taken here", bytes,
                                                    options_.max_body));
         }
         // Answered already (401, 413): queued now, so MHD closes the connection after it
         // instead of reading a body nobody wants.
+        if (!exchange.answer_ && exchange.body_streams_)
+            dispatch(*held);
         if (exchange.answer_)
             return queue(exchange);
         return true;
@@ -308,6 +342,8 @@ bool HttpServer::handle(MHD_Connection* connection, const char* url, const char*
         *upload_data_size = 0;
         return true;
     }
+    if (exchange.body_streams_)
+        return take_streamed_body(exchange, upload_data, upload_data_size);
     if (*upload_data_size > 0) {
         if (exchange.body_.size() + *upload_data_size > options_.max_body)
             exchange.body_too_large_ = true;
@@ -322,22 +358,66 @@ bool HttpServer::handle(MHD_Connection* connection, const char* url, const char*
             exchange.respond_error(413, "body_too_large",
                                    fmt::format("the request body is over {} bytes", options_.max_body));
         } else {
-            try {
-                handler_(*held);
-            } catch (const std::exception& e) {
-                spdlog::error("http: {} {}: {}", exchange.method_, exchange.path_, e.what());
-                exchange.respond_error(500, "internal", e.what());
-            }
+            dispatch(*held);
         }
     }
+    return answer_or_wait(exchange);
+}
+
+void HttpServer::dispatch(const std::shared_ptr<HttpExchange>& exchange)
+{
+    exchange->dispatched_ = true;
+    try {
+        handler_(exchange);
+    } catch (const std::exception& e) {
+        spdlog::error("http: {} {}: {}", exchange->method_, exchange->path_, e.what());
+        exchange->respond_error(500, "internal", e.what());
+    }
+}
+
+bool HttpServer::answer_or_wait(HttpExchange& exchange)
+{
     if (exchange.answer_ && !exchange.queued_)
         return queue(exchange);
     if (!exchange.queued_ && !exchange.suspended_) {
         // The handler answers later: wait without a thread until respond() wakes us.
         exchange.suspended_ = true;
-        MHD_suspend_connection(connection);
+        MHD_suspend_connection(exchange.connection_);
     }
     return true;
+}
+
+bool HttpServer::take_streamed_body(HttpExchange& exchange, const char* data, size_t* size)
+{
+    if (exchange.answer_) {
+        // Answered before the body ended (an error): the rest is not wanted, and MHD closes
+        // the connection after the answer.
+        *size = 0;
+        return queue(exchange);
+    }
+    if (*size > 0) {
+        if (exchange.body_paused_) {
+            // Left unconsumed: MHD hands it over again once resume_body() wakes the connection.
+            exchange.suspended_ = true;
+            MHD_suspend_connection(exchange.connection_);
+            return true;
+        }
+        const std::string_view piece(data, *size);
+        *size = 0;
+        if (exchange.on_body_piece_)
+            exchange.on_body_piece_(piece);
+        if (exchange.body_paused_ && !exchange.answer_) {
+            exchange.suspended_ = true;
+            MHD_suspend_connection(exchange.connection_);
+        }
+        return exchange.answer_ ? queue(exchange) : true;
+    }
+    if (!exchange.body_ended_) {
+        exchange.body_ended_ = true;
+        if (exchange.on_body_end_)
+            exchange.on_body_end_();
+    }
+    return answer_or_wait(exchange);
 }
 
 bool HttpServer::queue(HttpExchange& exchange)

@@ -4,7 +4,9 @@
 // into one HttpExchange per request.
 //
 // A request reaches the handler once its body has arrived whole, at most max_body bytes (a
-// Content-Length over it is answered 413 before the body is read). The handler answers at
+// Content-Length over it is answered 413 before the body is read), or, for the requests
+// Options::streams_body picks (file uploads), as soon as its headers have: its body then
+// comes piece by piece, with backpressure, through read_body. The handler answers at
 // once or later (the connection waits, suspended, costing no thread), with a whole body or a
 // stream written piece by piece with backpressure. Every request is authenticated first when
 // a token is set: "Authorization: Bearer TOKEN", or TOKEN as the password of Basic auth (any
@@ -55,6 +57,16 @@ public:
     size_t buffered() const { return stream_.size() - stream_sent_; }
     void on_drained(size_t low_water, std::function<void()> callback);
 
+    // Where the body streams (Options::streams_body): each piece goes to on_piece (valid
+    // during the call), then on_end runs once the body is whole. Set by the handler before
+    // it returns. pause_body() stops the pieces until resume_body().
+    void read_body(std::function<void(std::string_view piece)> on_piece, std::function<void()> on_end);
+    void pause_body() { body_paused_ = true; }
+    void resume_body();
+    // Ends a streamed answer as failed: the connection is closed without the stream's end,
+    // so the client sees the body is incomplete.
+    void abort();
+
     bool answered() const { return answered_; }
     bool gone() const { return gone_; }
     // Runs once when the client goes away before the answer was sent whole.
@@ -71,18 +83,24 @@ private:
         bool streamed = false;
     };
 
-    HttpExchange(MHD_Connection* connection, std::string method, std::string path)
-        : connection_(connection), method_(std::move(method)), path_(std::move(path))
+    HttpExchange(HttpServer& server, MHD_Connection* connection, std::string method, std::string path)
+        : server_(&server), connection_(connection), method_(std::move(method)), path_(std::move(path))
     {
     }
     void wake();
     long read_stream(uint64_t pos, char* buffer, size_t max);
 
+    HttpServer* server_;
     MHD_Connection* connection_;
     std::string method_;
     std::string path_;
     std::string body_;
     bool body_too_large_ = false;
+    bool body_streams_ = false;
+    bool body_paused_ = false;
+    bool body_ended_ = false;
+    std::function<void(std::string_view)> on_body_piece_;
+    std::function<void()> on_body_end_;
     bool dispatched_ = false;
     bool suspended_ = false;
     bool queued_ = false;
@@ -92,6 +110,7 @@ private:
     std::string stream_;        // streamed bytes; the sent prefix is dropped now and then
     size_t stream_sent_ = 0;
     bool stream_finished_ = false;
+    bool stream_aborted_ = false;
     size_t low_water_ = 0;
     std::function<void()> on_drained_;
     std::function<void()> on_gone_;
@@ -108,6 +127,8 @@ public:
         // A connection that sends or takes nothing for this long is closed (while its
         // request waits for a suspended answer, it is not counted).
         std::chrono::seconds idle_timeout{60};
+        // Requests whose body is handed over as it arrives (no max_body), not whole.
+        std::function<bool(std::string_view method, std::string_view path)> streams_body;
     };
 
     // Serves on each listening socket (already bound and listening; see listen_unix and
@@ -121,6 +142,10 @@ public:
     void stop_accepting();
 
 private:
+    friend class HttpExchange;
+    // MHD in external-epoll mode only acts on a resumed connection when it next runs: the
+    // next turn of the loop runs it.
+    void run_soon();
     struct Daemon;
 
     friend struct HttpCallbacks;
@@ -130,6 +155,9 @@ private:
                size_t* upload_data_size, void** context);
     bool authorized(MHD_Connection* connection) const;
     bool queue(HttpExchange& exchange);
+    void dispatch(const std::shared_ptr<HttpExchange>& exchange);
+    bool answer_or_wait(HttpExchange& exchange);
+    bool take_streamed_body(HttpExchange& exchange, const char* data, size_t* size);
 
     EventLoop& loop_;
     Options options_;

@@ -6,6 +6,13 @@
 
 #include <spdlog/spdlog.h>
 
+#include <sys/stat.h>
+
+#include <charconv>
+#include <filesystem>
+
+#include <fmt/format.h>
+
 #include "common/error.hpp"
 #include "common/fd.hpp"
 #include "core/event_loop.hpp"
@@ -13,6 +20,26 @@
 #include "service/http_server.hpp"
 
 namespace agentvm {
+
+PoolConfig parse_pool_spec(const std::string& text)
+{
+    const size_t equals = text.rfind('=');
+    if (equals == std::string::npos || equals == 0)
+        throw Error(fmt::format("--pool {}: expected NAME=N (NAME: default, or a snapshot directory)", text));
+    PoolConfig pool;
+    pool.name = text.substr(0, equals);
+    const std::string count = text.substr(equals + 1);
+    const auto [end, err] = std::from_chars(count.data(), count.data() + count.size(), pool.target);
+    if (err != std::errc() || end != count.data() + count.size() || pool.target > 10000)
+        throw Error(fmt::format("--pool {}: N must be a whole number from 0 to 10000", text));
+    if (pool.name != "default") {
+        if (!std::filesystem::is_regular_file(std::filesystem::path(pool.name) / "manifest.json"))
+            throw Error(fmt::format("--pool {}: {} is not a snapshot directory (no manifest.json; make one with "
+                                    "agentvm snapshot bake)", text, pool.name));
+        pool.episode_args = {"--snapshot", pool.name};
+    }
+    return pool;
+}
 
 int run_serve(const ServeConfig& config)
 {
@@ -35,9 +62,11 @@ int run_serve(const ServeConfig& config)
     }
 
     EventLoop loop;
-    ServiceApi api;
+    SandboxManager manager(loop, config.sandboxes);
+    ServiceApi api(manager);
     HttpServer::Options options;
     options.token = config.token;
+    options.streams_body = &ServiceApi::streams_body;
     HttpServer server(loop, std::move(listeners), options,
                       [&api](const std::shared_ptr<HttpExchange>& exchange) { api.handle(exchange); });
     int stop_signal = 0;
@@ -45,9 +74,16 @@ int run_serve(const ServeConfig& config)
         signalfd_siginfo info{};
         if (::read(signals.get(), &info, sizeof info) != sizeof info)
             return;
+        if (stop_signal != 0) {
+            spdlog::warn("{} again: stopping every VM now", strsignal(static_cast<int>(info.ssi_signo)));
+            loop.stop();
+            return;
+        }
         stop_signal = static_cast<int>(info.ssi_signo);
+        spdlog::info("{}: draining (running calls have {} s to finish)", strsignal(stop_signal),
+                     config.drain_grace.count());
         server.stop_accepting();
-        loop.stop();
+        manager.drain(config.drain_grace, [&loop] { loop.stop(); });
     });
     for (const ListenSpec& spec : config.listen)
         spdlog::info("serving on {}{}", spec.text(), config.token ? " (token required)" : "");

@@ -1,19 +1,28 @@
 // agentvm serve: the per-host sandbox service (docs/api.md), run until SIGINT, SIGTERM or
-// SIGHUP.
+// SIGHUP, which drain it: no new connections or creates, running calls finish (up to the
+// grace period), every VM is stopped, exit 0.
 #pragma once
 
+#include <chrono>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "service/listen_spec.hpp"
+#include "service/sandbox_manager.hpp"
 
 namespace agentvm {
 
 struct ServeConfig {
     std::vector<ListenSpec> listen;
     std::optional<std::string> token;  // every request must carry it when set
+    ManagerConfig sandboxes;
+    std::chrono::seconds drain_grace{30};
 };
+
+// "NAME=N": NAME is "default" (set-up's snapshot, what `agentvm episode` restores without
+// --snapshot) or a snapshot directory. Throws Error naming the problem.
+PoolConfig parse_pool_spec(const std::string& text);
 
 // Returns the exit status: 0 after a stop signal.
 int run_serve(const ServeConfig& config);

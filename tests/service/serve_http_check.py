@@ -19,70 +19,16 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "vm"))
 from checks import expect, run_case  # noqa: E402
+from serve_client import UnixConnection, call, free_port, json_error  # noqa: E402
+import serve_client  # noqa: E402
+
+
+def Serve(*args):
+    # No pool: these cases need no VM, and none is started.
+    return serve_client.Serve(SERVE, "--pool", "default=0", *args)
 
 SERVE = sys.argv[1]
 TMP = tempfile.mkdtemp(prefix="agentvm-serve-test-")
-
-
-class UnixConnection(http.client.HTTPConnection):
-    def __init__(self, path, timeout=10):
-        super().__init__("localhost", timeout=timeout)
-        self.path = path
-
-    def connect(self):
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.settimeout(self.timeout)
-        self.sock.connect(self.path)
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Serve:
-    def __init__(self, *args):
-        self.proc = subprocess.Popen([SERVE, "--log-level", "warn", *args], stdin=subprocess.DEVNULL,
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-
-    def wait_listening(self, connect):
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                conn = connect()
-                conn.request("GET", "/healthz")
-                conn.getresponse().read()
-                return
-            except OSError:
-                if self.proc.poll() is not None:
-                    expect(False, f"serve exited {self.proc.returncode}: {self.proc.stderr.read()!r}")
-                expect(time.monotonic() < deadline, "serve did not answer within 10 s")
-                time.sleep(0.05)
-
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        try:
-            return self.proc.wait(timeout=10)
-        finally:
-            if self.proc.poll() is None:
-                self.proc.kill()
-                self.proc.wait()
-
-
-def call(conn, method, path, body=None, headers=None):
-    conn.request(method, path, body=body, headers=headers or {})
-    r = conn.getresponse()
-    data = r.read()
-    return r.status, dict(r.getheaders()), data
-
-
-def json_error(data):
-    doc = json.loads(data)
-    expect(set(doc) == {"error", "message"} and isinstance(doc["message"], str) and doc["message"],
-           f"not a JSON error: {data!r}")
-    return doc["error"]
 
 
 def unix_listener():
@@ -102,7 +48,7 @@ def unix_listener():
         expect(status == 405 and json_error(data) == "method_not_allowed", f"POST /healthz: {status} {data!r}")
         # Three requests on one keep-alive connection: it stayed open.
         code = serve.stop()
-        expect(code == 0, f"exit {code} after SIGTERM: {serve.proc.stderr.read() if code else b''!r}")
+        expect(code == 0, f"exit {code} after SIGTERM: {serve.log() if code else ''}")
         expect(not os.path.exists(path), "the socket file is left behind")
     finally:
         serve.stop()

@@ -1,0 +1,97 @@
+#include "service/call_history.hpp"
+
+#include "service/wall_clock.hpp"
+
+namespace agentvm {
+namespace {
+
+// Keeps what fits of `bytes` in `kept`; says whether anything was left out.
+void keep(std::string& kept, bool& clipped, std::string_view bytes)
+{
+    const size_t room = CallHistory::output_kept - kept.size();
+    kept.append(bytes.substr(0, room));
+    clipped = clipped || bytes.size() > room;
+}
+
+} // namespace
+
+uint64_t CallHistory::begin(Json request_summary)
+{
+    const uint64_t seq = next_seq_++;
+    entries_.push_back(Entry{seq, std::move(request_summary), std::chrono::system_clock::now(), std::nullopt, {}, {}, false, false, false});
+    while (entries_.size() > limit_) {
+        entries_.pop_front();
+        ++dropped_;
+    }
+    return seq;
+}
+
+CallHistory::Entry* CallHistory::find(uint64_t seq)
+{
+    if (entries_.empty() || seq < entries_.front().seq)
+        return nullptr;
+    const size_t index = seq - entries_.front().seq;
+    return index < entries_.size() ? &entries_[index] : nullptr;
+}
+
+void CallHistory::add_output(uint64_t seq, const std::string& stream, std::string_view bytes)
+{
+    Entry* entry = find(seq);
+    if (!entry)
+        return;
+    entry->streamed = true;
+    if (stream == "stdout")
+        keep(entry->stdout_kept, entry->stdout_clipped, bytes);
+    else if (stream == "stderr")
+        keep(entry->stderr_kept, entry->stderr_clipped, bytes);
+}
+
+void CallHistory::end(uint64_t seq, const Json& answer)
+{
+    Entry* entry = find(seq);
+    if (!entry)
+        return;
+    Json result = Json::object();
+    for (const auto& [key, value] : answer.items()) {
+        const bool output = key == "stdout" || key == "stderr" || key == "stdout_b64" || key == "stderr_b64";
+        if (!output)
+            result[key] = value;
+    }
+    // A streamed call's output came as events; otherwise it is in the answer.
+    if (!entry->streamed) {
+        for (const char* stream : {"stdout", "stderr"}) {
+            try {
+                if (auto bytes = get_bytes(answer, stream))
+                    add_output(seq, stream, *bytes);
+            } catch (const CallError&) {
+                // Not the agent's spelling: nothing of it is kept.
+            }
+        }
+    }
+    entry->answer = std::move(result);
+}
+
+Json CallHistory::to_json() const
+{
+    Json calls = Json::array();
+    for (const Entry& entry : entries_) {
+        Json item{{"seq", entry.seq}, {"request", entry.request}, {"started_at", unix_seconds(entry.started_wall)}};
+        if (!entry.answer) {
+            item["running"] = true;
+        } else {
+            Json result = *entry.answer;
+            if (entry.answer->contains("exit_code") || !entry.stdout_kept.empty() || !entry.stderr_kept.empty()) {
+                put_bytes(result, "stdout", entry.stdout_kept);
+                put_bytes(result, "stderr", entry.stderr_kept);
+                result["stdout_clipped"] = entry.stdout_clipped;
+                result["stderr_clipped"] = entry.stderr_clipped;
+            }
+            item[result.contains("error") ? "error" : "result"] =
+                result.contains("error") ? result["error"] : result;
+        }
+        calls.push_back(std::move(item));
+    }
+    return Json{{"calls", std::move(calls)}, {"dropped", dropped_}};
+}
+
+} // namespace agentvm

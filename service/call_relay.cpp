@@ -1,0 +1,98 @@
+#include "service/call_relay.hpp"
+
+#include <fmt/format.h>
+
+namespace agentvm {
+
+int status_for_agent_error(const std::string& code)
+{
+    if (code == "bad_json" || code == "missing_field" || code == "bad_field" || code == "unknown_op"
+        || code == "line_too_long")
+        return 400;
+    if (code == "not_found" || code == "spawn_failed" || code == "io")
+        return 422;  // the request was well-formed; the guest could not do it
+    if (code == "vm_died" || code == "agent_died" || code == "watchdog" || code == "stopped"
+        || code == "episode_timeout")
+        return 502;  // the sandbox's VM failed under the call
+    return 500;
+}
+
+void respond_agent_error(HttpExchange& exchange, const Json& answer)
+{
+    const Json& error = answer["error"];
+    const std::string code = error.is_object() ? error.value("code", "internal") : "internal";
+    const std::string message = error.is_object() ? error.value("message", "") : "";
+    exchange.respond_error(status_for_agent_error(code), code, message);
+}
+
+void StreamPacer::after_write()
+{
+    auto exchange = exchange_.lock();
+    auto sandbox = sandbox_.lock();
+    if (holding_ || !exchange || !sandbox || exchange->buffered() <= high_water)
+        return;
+    holding_ = true;
+    sandbox->hold_output();
+    exchange->on_drained(low_water, [this] { release(); });
+}
+
+void StreamPacer::release()
+{
+    if (!holding_)
+        return;
+    holding_ = false;
+    if (auto sandbox = sandbox_.lock())
+        sandbox->release_output();
+}
+
+namespace {
+
+std::string ndjson_line(const Json& message)
+{
+    return message.dump(-1, ' ', false, Json::error_handler_t::replace) + "\n";
+}
+
+} // namespace
+
+void relay_call(SandboxManager& manager, const std::shared_ptr<Sandbox>& sandbox,
+                const std::shared_ptr<HttpExchange>& exchange, Json request, Json summary, bool stream)
+{
+    const auto started = Sandbox::Clock::now();
+    if (stream) {
+        request["stream"] = "only";
+        exchange->start_stream(200, "application/x-ndjson");
+    }
+    auto pacer = std::make_shared<StreamPacer>(sandbox, exchange);
+    CallHandlers handlers;
+    handlers.on_event = [exchange, pacer, stream](Json&& event) {
+        if (!stream)
+            return;
+        exchange->write(ndjson_line(event));
+        pacer->after_write();
+    };
+    handlers.on_answer = [&manager, exchange, pacer, stream, started](Json&& answer) {
+        manager.count_call(answer, std::chrono::duration<double>(Sandbox::Clock::now() - started).count());
+        pacer->release();
+        if (stream) {
+            if (answer.contains("error") && answer["error"].is_object()) {
+                const Json& error = answer["error"];
+                answer = Json{{"error", error.value("code", "internal")}, {"message", error.value("message", "")}};
+            }
+            exchange->write(ndjson_line(answer));
+            exchange->finish();
+        } else if (answer.contains("error")) {
+            respond_agent_error(*exchange, answer);
+        } else {
+            exchange->respond(200, ndjson_line(answer));
+        }
+    };
+    const uint64_t call = sandbox->call(std::move(request), std::move(summary), std::move(handlers));
+    std::weak_ptr<Sandbox> weak = sandbox;
+    exchange->on_gone([weak, call, pacer] {
+        pacer->release();
+        if (auto s = weak.lock())
+            s->forget(call);
+    });
+}
+
+} // namespace agentvm

@@ -1,0 +1,49 @@
+// Runs one agent call in a sandbox for one HTTP request and answers it (docs/api.md,
+// "Calls"): the whole result as JSON, or, when streamed, NDJSON lines (each event, then the
+// result) as they come, with backpressure: while the client has more than a few MiB unread,
+// the sandbox's output waits. An agent error becomes an HTTP error with its code.
+#pragma once
+
+#include <memory>
+
+#include "service/http_server.hpp"
+#include "service/sandbox.hpp"
+#include "service/sandbox_manager.hpp"
+
+namespace agentvm {
+
+// The HTTP status for an agent or episode error code (docs/api.md, "Errors").
+int status_for_agent_error(const std::string& code);
+// {"error":{"code","message"}} (the agent's shape) as serve's {"error": code, "message"}.
+void respond_agent_error(HttpExchange& exchange, const Json& answer);
+
+// Sends `request` to the sandbox and answers `exchange` with its result; `stream` asks for
+// NDJSON (the agent is then asked for "stream":"only").
+void relay_call(SandboxManager& manager, const std::shared_ptr<Sandbox>& sandbox,
+                const std::shared_ptr<HttpExchange>& exchange, Json request, Json summary, bool stream);
+
+// Backpressure for an answer streamed to a slow client: after a write, holds the sandbox's
+// output while more than high_water is unread, until it drains below low_water.
+class StreamPacer {
+public:
+    static constexpr size_t high_water = size_t{4} << 20;
+    static constexpr size_t low_water = size_t{1} << 20;
+
+    StreamPacer(std::weak_ptr<Sandbox> sandbox, std::weak_ptr<HttpExchange> exchange)
+        : sandbox_(std::move(sandbox)), exchange_(std::move(exchange))
+    {
+    }
+    ~StreamPacer() { release(); }
+    StreamPacer(const StreamPacer&) = delete;
+    StreamPacer& operator=(const StreamPacer&) = delete;
+
+    void after_write();
+    void release();
+
+private:
+    std::weak_ptr<Sandbox> sandbox_;
+    std::weak_ptr<HttpExchange> exchange_;
+    bool holding_ = false;
+};
+
+} // namespace agentvm

@@ -1,0 +1,22 @@
+// The body of POST /v1/sandboxes (docs/api.md, "Create a sandbox"), checked field by field.
+#pragma once
+
+#include <string>
+
+#include "service/sandbox.hpp"
+
+namespace agentvm {
+
+struct CreateRequest {
+    std::string pool;  // empty: the default pool
+    Sandbox::Settings settings;
+};
+
+inline constexpr int max_sandbox_timeout_s = 86400;
+inline constexpr size_t max_metadata_entries = 64;
+inline constexpr size_t max_env_entries = 256;
+
+// Throws ApiError (400) naming the field at fault.
+CreateRequest parse_create_request(const std::string& body);
+
+} // namespace agentvm

@@ -1,0 +1,164 @@
+#include "service/file_transfer.hpp"
+
+#include <fmt/format.h>
+
+#include "common/base64.hpp"
+#include "service/call_relay.hpp"
+
+namespace agentvm {
+namespace {
+
+// 4 MiB of file per write_file line (docs/protocol.md suggests it), two lines in flight.
+constexpr size_t chunk_bytes = size_t{4} << 20;
+constexpr unsigned chunks_in_flight = 2;
+
+class Upload : public std::enable_shared_from_this<Upload> {
+public:
+    Upload(std::shared_ptr<Sandbox> sandbox, std::shared_ptr<HttpExchange> exchange, std::string path,
+           std::optional<std::string> mode)
+        : sandbox_(std::move(sandbox)), exchange_(std::move(exchange)), path_(std::move(path)),
+          mode_(std::move(mode))
+    {
+    }
+
+    void start()
+    {
+        Json summary{{"op", "write_file"}, {"path", path_}};
+        if (mode_)
+            summary["mode"] = *mode_;
+        seq_ = sandbox_->record(std::move(summary));
+        auto self = shared_from_this();
+        exchange_->read_body([self](std::string_view piece) { self->take(piece); }, [self] { self->body_ended(); });
+        exchange_->on_gone([self] { self->failed_ = true; });
+    }
+
+private:
+    void take(std::string_view piece)
+    {
+        if (failed_)
+            return;
+        buffer_.append(piece);
+        while (buffer_.size() >= chunk_bytes)
+            send(chunk_bytes);
+        if (in_flight_ >= chunks_in_flight)
+            exchange_->pause_body();
+    }
+
+    void body_ended()
+    {
+        ended_ = true;
+        if (failed_)
+            return;
+        if (!buffer_.empty() || !sent_any_)
+            send(buffer_.size());
+        finish_if_done();
+    }
+
+    void send(size_t bytes)
+    {
+        Json request{{"op", "write_file"}, {"path", path_}, {"data_b64", base64_encode(std::string_view(buffer_).substr(0, bytes))}};
+        if (sent_any_)
+            request["append"] = true;
+        else if (mode_)
+            request["mode"] = *mode_;
+        buffer_.erase(0, bytes);
+        sent_any_ = true;
+        total_ += bytes;
+        ++in_flight_;
+        auto self = shared_from_this();
+        sandbox_->call(std::move(request), std::nullopt,
+                       CallHandlers{[](Json&&) {}, [self](Json&& answer) { self->answered(answer); }});
+    }
+
+    void answered(const Json& answer)
+    {
+        --in_flight_;
+        if (failed_)
+            return;
+        if (answer.contains("error")) {
+            failed_ = true;
+            sandbox_->record_end(seq_, answer);
+            respond_agent_error(*exchange_, answer);
+            return;
+        }
+        if (!ended_ && in_flight_ < chunks_in_flight)
+            exchange_->resume_body();
+        finish_if_done();
+    }
+
+    void finish_if_done()
+    {
+        if (!ended_ || in_flight_ > 0 || failed_ || exchange_->answered())
+            return;
+        const Json result{{"ok", true}, {"path", path_}, {"bytes", total_}};
+        sandbox_->record_end(seq_, result);
+        exchange_->respond(200, result.dump() + "\n");
+    }
+
+    std::shared_ptr<Sandbox> sandbox_;
+    std::shared_ptr<HttpExchange> exchange_;
+    std::string path_;
+    std::optional<std::string> mode_;
+    std::string buffer_;
+    uint64_t seq_ = 0;
+    uint64_t total_ = 0;
+    unsigned in_flight_ = 0;
+    bool sent_any_ = false;
+    bool ended_ = false;
+    bool failed_ = false;
+};
+
+} // namespace
+
+void start_upload(const std::shared_ptr<Sandbox>& sandbox, const std::shared_ptr<HttpExchange>& exchange,
+                  const std::string& path, std::optional<std::string> mode)
+{
+    std::make_shared<Upload>(sandbox, exchange, path, std::move(mode))->start();
+}
+
+void start_download(const std::shared_ptr<Sandbox>& sandbox, const std::shared_ptr<HttpExchange>& exchange,
+                    const std::string& path)
+{
+    auto pacer = std::make_shared<StreamPacer>(sandbox, exchange);
+    auto started = std::make_shared<bool>(false);
+    CallHandlers handlers;
+    handlers.on_event = [exchange, pacer, started](Json&& event) {
+        std::optional<std::string> bytes;
+        try {
+            bytes = get_bytes(event, "data");
+        } catch (const CallError&) {
+        }
+        if (!bytes)
+            return;
+        if (!*started) {
+            *started = true;
+            exchange->start_stream(200, "application/octet-stream");
+        }
+        exchange->write(*bytes);
+        pacer->after_write();
+    };
+    handlers.on_answer = [exchange, pacer, started](Json&& answer) {
+        pacer->release();
+        if (answer.contains("error")) {
+            if (*started)
+                exchange->abort();  // the client sees a body cut short, never a short file
+            else
+                respond_agent_error(*exchange, answer);
+            return;
+        }
+        if (*started)
+            exchange->finish();
+        else
+            exchange->respond(200, "", "application/octet-stream");
+    };
+    const uint64_t call = sandbox->call(Json{{"op", "read_file"}, {"path", path}},
+                                        Json{{"op", "read_file"}, {"path", path}}, std::move(handlers));
+    std::weak_ptr<Sandbox> weak = sandbox;
+    exchange->on_gone([weak, call, pacer] {
+        pacer->release();
+        if (auto s = weak.lock())
+            s->forget(call);
+    });
+}
+
+} // namespace agentvm

@@ -1,0 +1,241 @@
+#include "service/sandbox.hpp"
+
+#include <signal.h>
+#include <sys/wait.h>
+
+#include <cstring>
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include "service/wall_clock.hpp"
+
+namespace agentvm {
+namespace {
+
+// bash single quotes: everything literal, a ' written as '\''.
+std::string shell_quote(const std::string& text)
+{
+    std::string quoted = "'";
+    for (char c : text) {
+        if (c == '\'')
+            quoted += "'\\''";
+        else
+            quoted += c;
+    }
+    return quoted + "'";
+}
+
+// The last line agentvm wrote on stderr: why an episode ended, in its own words.
+std::string last_line(const std::string& text)
+{
+    size_t end = text.find_last_not_of("\n ");
+    if (end == std::string::npos)
+        return {};
+    const size_t start = text.rfind('\n', end);
+    return text.substr(start == std::string::npos ? 0 : start + 1, end - (start == std::string::npos ? 0 : start + 1) + 1);
+}
+
+std::string describe_exit(int wait_status)
+{
+    if (WIFSIGNALED(wait_status))
+        return fmt::format("the episode process was killed by signal {} ({})", WTERMSIG(wait_status),
+                           strsignal(WTERMSIG(wait_status)));
+    return fmt::format("the episode process exited with status {}", WEXITSTATUS(wait_status));
+}
+
+} // namespace
+
+Sandbox::Sandbox(EventLoop& loop, std::string pool, const std::string& program, const std::vector<std::string>& args,
+                 size_t history_limit, Hooks hooks)
+    : loop_(loop), pool_(std::move(pool)), hooks_(std::move(hooks)), history_(history_limit)
+{
+    episode_ = std::make_unique<EpisodeProcess>(
+        loop_, program, args,
+        EpisodeProcess::Handlers{
+            [this](bool restored) {
+                ready_ = true;
+                restored_ = restored;
+                hooks_.on_ready(*this, restored);
+            },
+            [this](std::string&& line) { on_line(std::move(line)); },
+            [this](const std::string& why) { broken_reason_ = why; },
+            [this](int wait_status) { on_exit(wait_status); }});
+}
+
+Sandbox::~Sandbox() = default;
+
+void Sandbox::assign(Settings settings)
+{
+    settings_ = std::move(settings);
+    assigned_at_ = Clock::now();
+    assigned_wall_ = std::chrono::system_clock::now();
+    deadline_ = assigned_at_ + settings_.timeout;
+    last_activity_ = assigned_at_;
+}
+
+void Sandbox::set_timeout(std::chrono::seconds timeout)
+{
+    settings_.timeout = std::chrono::duration_cast<std::chrono::seconds>(Clock::now() - assigned_at_) + timeout;
+    deadline_ = Clock::now() + timeout;
+}
+
+std::optional<std::string> Sandbox::expired(Clock::time_point now) const
+{
+    if (!assigned() || stopping())
+        return std::nullopt;
+    if (now >= deadline_)
+        return "timeout";
+    if (settings_.idle_timeout && calls_.empty() && now - last_activity_ >= *settings_.idle_timeout)
+        return "idle_timeout";
+    return std::nullopt;
+}
+
+uint64_t Sandbox::call(Json request, std::optional<Json> summary, CallHandlers handlers)
+{
+    const std::string op = request.value("op", "");
+    if (op == "exec" && !settings_.env.empty()) {
+        Json env = Json::object();
+        for (const auto& [name, value] : settings_.env)
+            env[name] = value;
+        if (request.contains("env") && request["env"].is_object())
+            for (const auto& [name, value] : request["env"].items())
+                env[name] = value;
+        request["env"] = std::move(env);
+    }
+    if (op == "shell" && !shell_env_sent_ && !settings_.env.empty()) {
+        shell_env_sent_ = true;
+        std::string exports = "export";
+        for (const auto& [name, value] : settings_.env)
+            exports += " " + name + "=" + shell_quote(value);
+        send(Json{{"op", "shell"}, {"cmd", exports}},
+             Call{CallHandlers{[](Json&&) {}, [](Json&&) {}}, std::nullopt, false});
+    }
+    std::optional<uint64_t> seq;
+    if (summary)
+        seq = history_.begin(std::move(*summary));
+    return send(std::move(request), Call{std::move(handlers), seq, true});
+}
+
+uint64_t Sandbox::send(Json request, Call call)
+{
+    const uint64_t id = next_call_++;
+    Json line = Json{{"id", id}};
+    for (auto& [key, value] : request.items())
+        line[key] = std::move(value);
+    last_activity_ = Clock::now();
+    calls_.emplace(id, std::move(call));
+    episode_->send(to_line(line));
+    return id;
+}
+
+void Sandbox::forget(uint64_t call)
+{
+    if (auto it = calls_.find(call); it != calls_.end())
+        it->second.handlers = CallHandlers{[](Json&&) {}, [](Json&&) {}};
+}
+
+void Sandbox::on_line(std::string&& line)
+{
+    Json message = Json::parse(line, nullptr, false);
+    line.clear();
+    line.shrink_to_fit();
+    if (!message.is_object() || !message.contains("id") || !message["id"].is_number_unsigned()) {
+        spdlog::warn("sandbox {}: a line about no call of ours: {:.200}", settings_.id, message.dump());
+        return;
+    }
+    const uint64_t id = message["id"].get<uint64_t>();
+    auto it = calls_.find(id);
+    if (it == calls_.end()) {
+        spdlog::warn("sandbox {}: a line about call {}, which is not running", settings_.id, id);
+        return;
+    }
+    message.erase("id");
+    Call& call = it->second;
+    if (message.contains("event")) {
+        const std::string event = message["event"].is_string() ? message["event"].get<std::string>() : "";
+        if (call.history_seq && (event == "stdout" || event == "stderr")) {
+            try {
+                if (auto bytes = get_bytes(message, "data"))
+                    history_.add_output(*call.history_seq, event, *bytes);
+            } catch (const CallError&) {
+            }
+        }
+        call.handlers.on_event(std::move(message));
+        return;
+    }
+    last_activity_ = Clock::now();
+    CallHandlers handlers = std::move(call.handlers);
+    if (call.history_seq)
+        history_.end(*call.history_seq, message);
+    calls_.erase(it);
+    handlers.on_answer(std::move(message));
+}
+
+void Sandbox::on_exit(int wait_status)
+{
+    std::string why = !stop_reason_.empty() ? stop_reason_
+                      : !broken_reason_.empty() ? broken_reason_
+                                               : describe_exit(wait_status);
+    if (stop_reason_.empty()) {
+        if (const std::string said = last_line(episode_->stderr_tail()); !said.empty())
+            why += ": " + said;
+    }
+    // The episode answers its calls before it ends; what is left, it could not.
+    auto calls = std::move(calls_);
+    calls_.clear();
+    for (auto& [id, call] : calls) {
+        Json answer{{"error", {{"code", "vm_died"}, {"message", "the sandbox's VM ended: " + why}}}};
+        if (call.history_seq)
+            history_.end(*call.history_seq, answer);
+        call.handlers.on_answer(std::move(answer));
+    }
+    if (settings_.id.empty())
+        spdlog::debug("pool {}: a VM ended: {}", pool_, why);
+    else
+        spdlog::info("sandbox {} ended: {}", settings_.id, why);
+    hooks_.on_exit(*this, why);
+}
+
+void Sandbox::stop(std::string why)
+{
+    if (stopping())
+        return;
+    stop_reason_ = std::move(why);
+    episode_->terminate();
+}
+
+void Sandbox::hold_output()
+{
+    if (output_holds_++ == 0)
+        episode_->pause_output();
+}
+
+void Sandbox::release_output()
+{
+    if (output_holds_ > 0 && --output_holds_ == 0)
+        episode_->resume_output();
+}
+
+Json Sandbox::describe() const
+{
+    const auto expires_wall = assigned_wall_ + std::chrono::duration_cast<std::chrono::system_clock::duration>(
+                                                   deadline_ - assigned_at_);
+    Json info{{"id", settings_.id},
+              {"pool", pool_},
+              {"state", stopping() ? "stopping" : "running"},
+              {"start", settings_.warm ? "warm" : "cold"},
+              {"restored", restored_},
+              {"create_ms", settings_.create_time.count()},
+              {"created_at", unix_seconds(assigned_wall_)},
+              {"expires_at", unix_seconds(expires_wall)},
+              {"timeout", settings_.timeout.count()},
+              {"idle_timeout", settings_.idle_timeout ? Json(settings_.idle_timeout->count()) : Json(nullptr)},
+              {"metadata", settings_.metadata},
+              {"calls_running", std::count_if(calls_.begin(), calls_.end(),
+                                              [](const auto& entry) { return entry.second.counts_as_activity; })},
+              {"calls", history_.total()}};
+    return info;
+}
+
+} // namespace agentvm

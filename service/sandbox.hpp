@@ -1,0 +1,122 @@
+// One sandbox of agentvm serve: one `agentvm episode` process (one VM), the calls running in
+// it, and the bounded history of the calls it has answered (docs/api.md, "Sandboxes").
+//
+// Calls are agent-protocol requests (docs/protocol.md) without an id: the sandbox numbers
+// them, sends them to its episode and hands each line that comes back about a call to that
+// call's handlers, without its id. It adds the sandbox's env to every exec, and exports it in
+// the shell before the first shell call.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "protocol/agent_protocol.hpp"
+
+#include "core/event_loop.hpp"
+#include "service/call_history.hpp"
+#include "service/episode_process.hpp"
+
+namespace agentvm {
+
+struct CallHandlers {
+    std::function<void(Json&& event)> on_event;    // a stream or data event
+    std::function<void(Json&& answer)> on_answer;  // the response, or {"error":{code,message}}
+};
+
+class Sandbox {
+public:
+    using Clock = std::chrono::steady_clock;
+
+    struct Hooks {
+        std::function<void(Sandbox&, bool restored)> on_ready;
+        // The episode ended (after its calls were answered); the sandbox may be destroyed then.
+        std::function<void(Sandbox&, const std::string& why)> on_exit;
+    };
+
+    Sandbox(EventLoop& loop, std::string pool, const std::string& program, const std::vector<std::string>& args,
+            size_t history_limit, Hooks hooks);
+    ~Sandbox();
+    Sandbox(const Sandbox&) = delete;
+    Sandbox& operator=(const Sandbox&) = delete;
+
+    // Handing a ready VM to a user: its id, limits, env and metadata.
+    struct Settings {
+        std::string id;
+        bool warm = false;
+        std::chrono::milliseconds create_time{0};
+        std::chrono::seconds timeout{300};
+        std::optional<std::chrono::seconds> idle_timeout;
+        std::map<std::string, std::string> env;
+        Json metadata = Json::object();
+    };
+    void assign(Settings settings);
+    bool assigned() const { return !settings_.id.empty(); }
+
+    // Starts a call; `summary` is what its history entry records of the request (none: the
+    // call is part of one the caller records itself). Returns the call's number, for forget().
+    uint64_t call(Json request, std::optional<Json> summary, CallHandlers handlers);
+    // A history entry for a call made of several (a file upload in chunks).
+    uint64_t record(Json summary) { return history_.begin(std::move(summary)); }
+    void record_end(uint64_t seq, const Json& answer) { history_.end(seq, answer); }
+    // The caller went away: the call runs on in the guest and is still recorded, unanswered.
+    void forget(uint64_t call);
+
+    // Ends the episode (SIGTERM): running calls answer `stopped`, then on_exit.
+    void stop(std::string why);
+    // Backpressure from slow HTTP readers: while any hold is on, the episode's lines wait.
+    void hold_output();
+    void release_output();
+
+    void set_timeout(std::chrono::seconds timeout);
+    // Why the sandbox should end now (lifetime or idle time over), if it should.
+    std::optional<std::string> expired(Clock::time_point now) const;
+
+    const std::string& id() const { return settings_.id; }
+    const std::string& pool() const { return pool_; }
+    bool ready() const { return ready_; }
+    bool restored() const { return restored_; }
+    bool stopping() const { return !stop_reason_.empty(); }
+    size_t running_calls() const { return calls_.size(); }
+    Clock::time_point started() const { return started_; }
+    const CallHistory& history() const { return history_; }
+    const std::string& stderr_tail() const { return episode_->stderr_tail(); }
+    // The sandbox as docs/api.md shows it.
+    Json describe() const;
+
+private:
+    struct Call {
+        CallHandlers handlers;
+        std::optional<uint64_t> history_seq;  // none: not recorded
+        bool counts_as_activity = true;       // false: serve's own (the shell's env)
+    };
+    void on_line(std::string&& line);
+    void on_exit(int wait_status);
+    uint64_t send(Json request, Call call);
+
+    EventLoop& loop_;
+    std::string pool_;
+    Hooks hooks_;
+    Settings settings_;
+    std::unique_ptr<EpisodeProcess> episode_;
+    std::map<uint64_t, Call> calls_;
+    uint64_t next_call_ = 1;
+    CallHistory history_;
+    bool ready_ = false;
+    bool restored_ = false;
+    bool shell_env_sent_ = false;
+    int output_holds_ = 0;
+    std::string stop_reason_;
+    std::string broken_reason_;
+    Clock::time_point started_ = Clock::now();
+    Clock::time_point assigned_at_{};
+    std::chrono::system_clock::time_point assigned_wall_{};
+    Clock::time_point deadline_{};
+    Clock::time_point last_activity_{};
+};
+
+} // namespace agentvm

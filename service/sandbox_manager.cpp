@@ -1,0 +1,418 @@
+#include "service/sandbox_manager.hpp"
+
+#include <sys/random.h>
+
+#include <algorithm>
+#include <fstream>
+#include <sstream>
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include "common/error.hpp"
+
+namespace agentvm {
+namespace {
+
+constexpr size_t ended_remembered = 4096;
+constexpr auto sweep_period = std::chrono::milliseconds(250);
+constexpr auto max_refill_backoff = std::chrono::seconds(30);
+
+// MemAvailable from /proc/meminfo, in MiB: what the host can still give without swapping.
+uint64_t host_available_mib()
+{
+    std::ifstream meminfo("/proc/meminfo");
+    std::string key;
+    uint64_t kib = 0;
+    std::string unit;
+    while (meminfo >> key >> kib >> unit) {
+        if (key == "MemAvailable:")
+            return kib / 1024;
+    }
+    throw Error("/proc/meminfo has no MemAvailable");
+}
+
+double seconds_since(Sandbox::Clock::time_point start)
+{
+    return std::chrono::duration<double>(Sandbox::Clock::now() - start).count();
+}
+
+} // namespace
+
+SandboxManager::SandboxManager(EventLoop& loop, ManagerConfig config)
+    : loop_(loop), config_(std::move(config)), bury_timer_(loop_, [this] { graveyard_.clear(); }),
+      sweep_timer_(loop_, [this] { sweep(); }), drain_timer_(loop_, [this] {
+          drain_grace_over_ = true;
+          check_drained();
+      })
+{
+    for (const PoolConfig& pool : config_.pools)
+        pools_[pool.name].config = pool;
+    refill();
+    sweep_timer_.arm(sweep_period);
+}
+
+SandboxManager::~SandboxManager()
+{
+    // Each Sandbox's EpisodeProcess kills and reaps its child as it goes.
+    by_id_.clear();
+    for (auto& [pointer, vm] : vms_)
+        vm.waiting = nullptr;
+    vms_.clear();
+}
+
+std::string SandboxManager::default_pool() const
+{
+    if (pools_.size() == 1)
+        return pools_.begin()->first;
+    return "default";
+}
+
+SandboxManager::Pool* SandboxManager::pool_named(const std::string& name)
+{
+    auto it = pools_.find(name);
+    return it == pools_.end() ? nullptr : &it->second;
+}
+
+std::string SandboxManager::new_id() const
+{
+    for (;;) {
+        unsigned char bytes[8];
+        if (::getrandom(bytes, sizeof bytes, 0) != sizeof bytes)
+            throw_errno("getrandom for a sandbox id");
+        std::string id = "sb-";
+        for (unsigned char b : bytes)
+            id += fmt::format("{:02x}", b);
+        if (!by_id_.contains(id) && !ended_.contains(id))
+            return id;
+    }
+}
+
+SandboxManager::Vm& SandboxManager::start_vm(Pool& pool)
+{
+    auto sandbox = std::make_shared<Sandbox>(
+        loop_, pool.config.name, config_.program, pool.config.episode_args, config_.history_limit,
+        Sandbox::Hooks{[this](Sandbox& s, bool) { on_ready(s); },
+                       [this](Sandbox& s, const std::string& why) { on_exit(s, why); }});
+    Sandbox* key = sandbox.get();
+    Vm& vm = vms_[key];
+    vm.sandbox = std::move(sandbox);
+    vm.pool = &pool;
+    return vm;
+}
+
+std::optional<Refusal> SandboxManager::admit(Pool& pool)
+{
+    if (vms_.size() >= config_.max_sandboxes) {
+        // A warm VM of another pool gives way to a create that needs room.
+        for (auto& [name, other] : pools_) {
+            if (&other == &pool || other.warm.empty())
+                continue;
+            Sandbox* spare = other.warm.front();
+            other.warm.pop_front();
+            spare->stop("evicted from the pool for a create");
+            break;
+        }
+        // An evicted VM frees its slot once it has ended; until then, serve is at capacity.
+        return Refusal{429, "at_capacity",
+                       fmt::format("{} VMs are running, the most --max-sandboxes allows", vms_.size()), 1};
+    }
+    const uint64_t available = host_available_mib();
+    if (available < config_.mem_reserve_mib)
+        return Refusal{503, "memory_reserve",
+                       fmt::format("the host has {} MiB available, under the {} MiB reserve (--mem-reserve)",
+                                   available, config_.mem_reserve_mib),
+                       5};
+    return std::nullopt;
+}
+
+void SandboxManager::create(const std::string& pool_name, Sandbox::Settings settings, CreateDone done)
+{
+    const auto requested = Sandbox::Clock::now();
+    Pool* pool = pool_named(pool_name);
+    if (!pool) {
+        std::vector<std::string> names;
+        for (const auto& [name, p] : pools_)
+            names.push_back(name);
+        const Refusal refusal{404, "unknown_pool",
+                              fmt::format("no pool named \"{}\" (serve has: {})", pool_name, fmt::join(names, ", ")),
+                              std::nullopt};
+        return done(nullptr, &refusal);
+    }
+    if (draining_) {
+        ++refusals_["draining"];
+        const Refusal refusal{503, "draining", "serve is shutting down", std::nullopt};
+        return done(nullptr, &refusal);
+    }
+    while (!pool->warm.empty()) {
+        Sandbox* sandbox = pool->warm.front();
+        pool->warm.pop_front();
+        if (sandbox->stopping())
+            continue;
+        hand_out(vms_.at(sandbox), std::move(settings), requested, true);
+        done(sandbox, nullptr);
+        refill();
+        return;
+    }
+    if (auto refusal = admit(*pool)) {
+        ++refusals_[refusal->code];
+        return done(nullptr, &*refusal);
+    }
+    Vm* vm = nullptr;
+    try {
+        vm = &start_vm(*pool);
+    } catch (const Error& e) {
+        ++failures_["start_failed"];
+        const Refusal refusal{500, "start_failed", e.what(), std::nullopt};
+        return done(nullptr, &refusal);
+    }
+    vm->waiting = std::move(done);
+    vm->settings = std::move(settings);
+    vm->requested = requested;
+}
+
+void SandboxManager::hand_out(Vm& vm, Sandbox::Settings settings, Sandbox::Clock::time_point requested, bool warm)
+{
+    settings.id = new_id();
+    settings.warm = warm;
+    settings.create_time = std::chrono::duration_cast<std::chrono::milliseconds>(Sandbox::Clock::now() - requested);
+    create_latency_.observe(seconds_since(requested));
+    ++(warm ? vm.pool->created_warm : vm.pool->created_cold);
+    vm.refill = false;
+    by_id_[settings.id] = vm.sandbox.get();
+    vm.sandbox->assign(std::move(settings));
+    spdlog::info("sandbox {} created ({}, pool {})", vm.sandbox->id(), warm ? "warm" : "cold", vm.pool->config.name);
+}
+
+void SandboxManager::on_ready(Sandbox& sandbox)
+{
+    Vm& vm = vms_.at(&sandbox);
+    Pool& pool = *vm.pool;
+    if (vm.refill) {
+        --pool.starting;
+        pool.failures_in_row = 0;
+    }
+    if (vm.waiting) {
+        CreateDone done = std::move(vm.waiting);
+        vm.waiting = nullptr;
+        hand_out(vm, std::move(vm.settings), vm.requested, false);
+        done(&sandbox, nullptr);
+        return;
+    }
+    if (draining_ || pool.warm.size() >= pool.config.target) {
+        sandbox.stop("not needed in the pool");
+        return;
+    }
+    pool.warm.push_back(&sandbox);
+    refill();
+}
+
+void SandboxManager::on_exit(Sandbox& sandbox, const std::string& why)
+{
+    auto node = vms_.extract(&sandbox);
+    Vm& vm = node.mapped();
+    Pool& pool = *vm.pool;
+    if (!sandbox.ready()) {
+        ++failures_["start_failed"];
+        spdlog::error("pool {}: a VM failed to start: {}", pool.config.name, why);
+        if (vm.refill) {
+            --pool.starting;
+            ++pool.failures_in_row;
+            const auto backoff = std::min<std::chrono::milliseconds>(
+                max_refill_backoff, std::chrono::milliseconds(250 << std::min(pool.failures_in_row, 10u)));
+            pool.next_refill = Sandbox::Clock::now() + backoff;
+        }
+        if (vm.waiting) {
+            const Refusal refusal{500, "start_failed", "the sandbox's VM did not start: " + why, std::nullopt};
+            vm.waiting(nullptr, &refusal);
+        }
+    }
+    std::erase(pool.warm, &sandbox);
+    if (sandbox.assigned()) {
+        if (auto it = by_id_.find(sandbox.id()); it != by_id_.end()) {
+            // Not removed by anyone: the VM died under its user.
+            by_id_.erase(it);
+            ++failures_["vm_died"];
+            remember_end(sandbox.id(), "vm_died: " + why);
+        }
+    }
+    graveyard_.push_back(std::move(vm.sandbox));
+    bury_timer_.arm(std::chrono::nanoseconds(1));
+    if (draining_)
+        check_drained();
+    else
+        refill();
+}
+
+void SandboxManager::refill()
+{
+    if (draining_)
+        return;
+    const auto now = Sandbox::Clock::now();
+    for (auto& [name, pool] : pools_) {
+        while (pool.warm.size() + pool.starting < pool.config.target && pool.starting < config_.refill_concurrency
+               && now >= pool.next_refill && vms_.size() < config_.max_sandboxes) {
+            if (host_available_mib() < config_.mem_reserve_mib)
+                return;
+            try {
+                Vm& vm = start_vm(pool);
+                vm.refill = true;
+                ++pool.starting;
+            } catch (const Error& e) {
+                spdlog::error("pool {}: {}", name, e.what());
+                pool.next_refill = now + max_refill_backoff;
+                break;
+            }
+        }
+    }
+}
+
+void SandboxManager::sweep()
+{
+    const auto now = Sandbox::Clock::now();
+    std::vector<std::pair<Sandbox*, std::string>> expired;
+    for (const auto& [id, sandbox] : by_id_) {
+        if (auto why = sandbox->expired(now))
+            expired.emplace_back(sandbox, *why);
+    }
+    for (auto& [sandbox, why] : expired) {
+        ++failures_[why == "timeout" ? "lifetime" : "idle"];
+        remove(*sandbox, why);
+    }
+    refill();
+    sweep_timer_.arm(sweep_period);
+}
+
+std::shared_ptr<Sandbox> SandboxManager::find(const std::string& id)
+{
+    auto it = by_id_.find(id);
+    return it == by_id_.end() ? nullptr : vms_.at(it->second).sandbox;
+}
+
+std::optional<std::string> SandboxManager::ended_reason(const std::string& id) const
+{
+    auto it = ended_.find(id);
+    return it == ended_.end() ? std::nullopt : std::optional<std::string>(it->second);
+}
+
+void SandboxManager::remember_end(const std::string& id, const std::string& reason)
+{
+    ended_[id] = reason;
+    ended_order_.push_back(id);
+    while (ended_order_.size() > ended_remembered) {
+        ended_.erase(ended_order_.front());
+        ended_order_.pop_front();
+    }
+}
+
+std::vector<Sandbox*> SandboxManager::sandboxes()
+{
+    std::vector<Sandbox*> list;
+    for (const auto& [id, sandbox] : by_id_)
+        list.push_back(sandbox);
+    return list;
+}
+
+void SandboxManager::remove(Sandbox& sandbox, const std::string& reason)
+{
+    by_id_.erase(sandbox.id());
+    remember_end(sandbox.id(), reason);
+    sandbox.stop(reason);
+}
+
+void SandboxManager::drain(std::chrono::milliseconds grace, std::function<void()> done)
+{
+    draining_ = true;
+    drained_ = std::move(done);
+    for (auto& [name, pool] : pools_) {
+        for (Sandbox* sandbox : pool.warm)
+            sandbox->stop("serve is shutting down");
+        pool.warm.clear();
+    }
+    drain_timer_.arm(grace);
+    check_drained();
+}
+
+void SandboxManager::check_drained()
+{
+    if (!draining_)
+        return;
+    const bool calls_running = std::any_of(by_id_.begin(), by_id_.end(),
+                                           [](const auto& entry) { return entry.second->running_calls() > 0; });
+    if (!calls_running || drain_grace_over_) {
+        for (auto& [pointer, vm] : vms_)
+            vm.sandbox->stop("serve is shutting down");
+    }
+    if (vms_.empty() && drained_) {
+        auto done = std::move(drained_);
+        drained_ = nullptr;
+        done();
+    }
+}
+
+void SandboxManager::count_call(const Json& answer, double seconds)
+{
+    call_latency_.observe(seconds);
+    if (answer.value("timed_out", false))
+        ++failures_["timeout"];
+    if (answer.value("oom_killed", false))
+        ++failures_["oom"];
+    if (answer.contains("error") && answer["error"].is_object() && answer["error"].value("code", "") == "vm_died")
+        ++failures_["vm_died_call"];
+    if (draining_)
+        check_drained();
+}
+
+std::string SandboxManager::metrics_text() const
+{
+    MetricsText out;
+    std::map<std::string, int> by_state{{"warm", 0}, {"starting", 0}, {"running", 0}, {"stopping", 0}};
+    for (const auto& [pointer, vm] : vms_) {
+        const Sandbox& s = *vm.sandbox;
+        if (s.stopping())
+            ++by_state["stopping"];
+        else if (!s.ready())
+            ++by_state["starting"];
+        else if (s.assigned())
+            ++by_state["running"];
+        else
+            ++by_state["warm"];
+    }
+    out.family("agentvm_sandboxes", "gauge", "VMs by state (warm: ready in a pool; running: handed out)");
+    for (const auto& [state, count] : by_state)
+        out.sample("agentvm_sandboxes", label("state", state), count);
+    out.family("agentvm_pool_ready", "gauge", "warm VMs ready per pool");
+    for (const auto& [name, pool] : pools_)
+        out.sample("agentvm_pool_ready", label("pool", name), static_cast<double>(pool.warm.size()));
+    out.family("agentvm_pool_target", "gauge", "warm VMs each pool keeps (--pool NAME=N)");
+    for (const auto& [name, pool] : pools_)
+        out.sample("agentvm_pool_target", label("pool", name), pool.config.target);
+    out.family("agentvm_creates_total", "counter", "sandboxes created, by pool and path (warm: from the pool)");
+    for (const auto& [name, pool] : pools_) {
+        out.sample("agentvm_creates_total", label("pool", name) + "," + label("path", "warm"),
+                   static_cast<double>(pool.created_warm));
+        out.sample("agentvm_creates_total", label("pool", name) + "," + label("path", "cold"),
+                   static_cast<double>(pool.created_cold));
+    }
+    out.family("agentvm_create_refusals_total", "counter", "creates refused, by error code");
+    for (const char* code : {"at_capacity", "memory_reserve", "draining"})
+        out.sample("agentvm_create_refusals_total", label("code", code),
+                   refusals_.contains(code) ? static_cast<double>(refusals_.at(code)) : 0.0);
+    out.family("agentvm_failures_total", "counter",
+               "failures by kind: vm_died (a sandbox's VM ended by itself), vm_died_call (calls it failed), "
+               "start_failed, timeout and oom (calls), lifetime and idle (sandboxes expired)");
+    for (const char* kind : {"vm_died", "vm_died_call", "start_failed", "timeout", "oom", "lifetime", "idle"})
+        out.sample("agentvm_failures_total", label("kind", kind),
+                   failures_.contains(kind) ? static_cast<double>(failures_.at(kind)) : 0.0);
+    out.family("agentvm_create_seconds", "histogram", "time from a create request to its sandbox being ready");
+    out.histogram("agentvm_create_seconds", "", create_latency_);
+    out.family("agentvm_call_seconds", "histogram", "time from a call request to its answer");
+    out.histogram("agentvm_call_seconds", "", call_latency_);
+    out.family("agentvm_host_memory_available_bytes", "gauge", "MemAvailable of the host");
+    out.sample("agentvm_host_memory_available_bytes", "", static_cast<double>(host_available_mib()) * 1048576);
+    out.family("agentvm_host_memory_reserve_bytes", "gauge", "memory serve leaves to the host (--mem-reserve)");
+    out.sample("agentvm_host_memory_reserve_bytes", "", static_cast<double>(config_.mem_reserve_mib) * 1048576);
+    return out.text();
+}
+
+} // namespace agentvm

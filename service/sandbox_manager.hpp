@@ -1,0 +1,132 @@
+// The sandboxes of one serve: per pool (a snapshot), N VMs kept restored and idle (warm), the
+// sandboxes handed out, admission control and expiry (docs/api.md, "Sandboxes" and "Pools").
+//
+// A create takes a warm VM (the warm path) or starts one (the cold path); the pool refills in
+// the background, at most refill_concurrency starts at once, and never past max_sandboxes or
+// into the host memory reserve: refill yields to live demand, and a create that would cross
+// either is refused (429, 503), never left to the host's OOM killer.
+#pragma once
+
+#include <chrono>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/event_loop.hpp"
+#include "core/loop_timer.hpp"
+#include "service/metrics.hpp"
+#include "service/sandbox.hpp"
+
+namespace agentvm {
+
+struct PoolConfig {
+    std::string name;                        // what a create names ("default", or a snapshot path)
+    std::vector<std::string> episode_args;  // after `agentvm episode --announce-ready`
+    unsigned target = 0;                    // warm VMs to keep
+};
+
+struct ManagerConfig {
+    std::string program;  // the agentvm binary
+    std::vector<PoolConfig> pools;
+    unsigned max_sandboxes = 64;  // VMs in all: warm, starting, handed out, stopping
+    uint64_t mem_reserve_mib = 1024;
+    unsigned refill_concurrency = 2;
+    size_t history_limit = 256;
+};
+
+// Why a create could not be served: the HTTP status and error it becomes.
+struct Refusal {
+    int status;
+    std::string code;
+    std::string message;
+    std::optional<int> retry_after_s;
+};
+
+class SandboxManager {
+public:
+    using CreateDone = std::function<void(Sandbox* sandbox, const Refusal* refusal)>;
+
+    SandboxManager(EventLoop& loop, ManagerConfig config);
+    ~SandboxManager();
+    SandboxManager(const SandboxManager&) = delete;
+    SandboxManager& operator=(const SandboxManager&) = delete;
+
+    // Calls done once: with the sandbox (assigned `settings`, its id set here), or a refusal.
+    void create(const std::string& pool, Sandbox::Settings settings, CreateDone done);
+    // The pool a create without one uses: the only pool, or "default".
+    std::string default_pool() const;
+
+    // Holders keep a weak_ptr: a sandbox lives until its VM has ended.
+    std::shared_ptr<Sandbox> find(const std::string& id);
+    // Why a sandbox that is gone ended, while that is remembered (the last 4096).
+    std::optional<std::string> ended_reason(const std::string& id) const;
+    std::vector<Sandbox*> sandboxes();
+    // Ends a sandbox now: gone from the list at once, its VM stopped.
+    void remove(Sandbox& sandbox, const std::string& reason);
+
+    // SIGTERM: no more creates or refills; once no call runs (or after `grace`), every VM is
+    // stopped; `done` runs when the last has ended.
+    void drain(std::chrono::milliseconds grace, std::function<void()> done);
+
+    // Calls' outcomes, for /metrics.
+    void count_call(const Json& answer, double seconds);
+    std::string metrics_text() const;
+
+private:
+    struct Pool {
+        PoolConfig config;
+        std::deque<Sandbox*> warm;  // ready, not handed out
+        unsigned starting = 0;      // refills under way
+        unsigned failures_in_row = 0;
+        Sandbox::Clock::time_point next_refill{};
+        uint64_t created_warm = 0;
+        uint64_t created_cold = 0;
+    };
+    struct Vm {
+        std::shared_ptr<Sandbox> sandbox;
+        Pool* pool;
+        bool refill = false;  // started to become warm, not for a waiting create
+        CreateDone waiting;   // the create a cold start is for
+        Sandbox::Settings settings;
+        Sandbox::Clock::time_point requested{};
+    };
+
+    Pool* pool_named(const std::string& name);
+    Vm& start_vm(Pool& pool);
+    void on_ready(Sandbox& sandbox);
+    void on_exit(Sandbox& sandbox, const std::string& why);
+    void hand_out(Vm& vm, Sandbox::Settings settings, Sandbox::Clock::time_point requested, bool warm);
+    std::optional<Refusal> admit(Pool& pool);
+    void refill();
+    void sweep();
+    void check_drained();
+    void remember_end(const std::string& id, const std::string& reason);
+    std::string new_id() const;
+
+    EventLoop& loop_;
+    ManagerConfig config_;
+    std::map<std::string, Pool> pools_;
+    std::map<Sandbox*, Vm> vms_;
+    std::map<std::string, Sandbox*> by_id_;
+    std::map<std::string, std::string> ended_;
+    std::deque<std::string> ended_order_;
+    std::vector<std::shared_ptr<Sandbox>> graveyard_;  // destroyed on the next turn of the loop
+    LoopTimer bury_timer_;
+    LoopTimer sweep_timer_;
+    LoopTimer drain_timer_;
+    bool draining_ = false;
+    bool drain_grace_over_ = false;
+    std::function<void()> drained_;
+
+    // /metrics
+    std::map<std::string, uint64_t> refusals_;  // by code
+    std::map<std::string, uint64_t> failures_;  // by kind
+    Histogram create_latency_{latency_buckets()};
+    Histogram call_latency_{latency_buckets()};
+};
+
+} // namespace agentvm
