@@ -202,7 +202,17 @@ void Sandbox::stop(std::string why)
     if (stopping())
         return;
     stop_reason_ = std::move(why);
+    stop_requested_ = Clock::now();
     episode_->terminate();
+}
+
+void Sandbox::kill_if_overdue(Clock::time_point now)
+{
+    if (stopping() && now - stop_requested_ >= stop_patience) {
+        spdlog::warn("{} {}: the episode did not end within {} s of SIGTERM: killing it", assigned() ? "sandbox" : "pool",
+                     assigned() ? settings_.id : pool_, stop_patience.count());
+        episode_->kill();
+    }
 }
 
 void Sandbox::hold_output()
@@ -226,6 +236,7 @@ Json Sandbox::describe() const
               {"state", stopping() ? "stopping" : "running"},
               {"start", settings_.warm ? "warm" : "cold"},
               {"restored", restored_},
+              {"pid", episode_->pid()},
               {"create_ms", settings_.create_time.count()},
               {"created_at", unix_seconds(assigned_wall_)},
               {"expires_at", unix_seconds(expires_wall)},

@@ -68,6 +68,9 @@ public:
 
     // Ends the episode (SIGTERM): running calls answer `stopped`, then on_exit.
     void stop(std::string why);
+    // An episode that has not ended stop_patience after stop() is killed (SIGKILL).
+    static constexpr std::chrono::seconds stop_patience{10};
+    void kill_if_overdue(Clock::time_point now);
     // Backpressure from slow HTTP readers: while any hold is on, the episode's lines wait.
     void hold_output();
     void release_output();
@@ -111,6 +114,7 @@ private:
     bool shell_env_sent_ = false;
     int output_holds_ = 0;
     std::string stop_reason_;
+    Clock::time_point stop_requested_{};
     std::string broken_reason_;
     Clock::time_point started_ = Clock::now();
     Clock::time_point assigned_at_{};

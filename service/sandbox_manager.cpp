@@ -74,6 +74,12 @@ SandboxManager::Pool* SandboxManager::pool_named(const std::string& name)
     return it == pools_.end() ? nullptr : &it->second;
 }
 
+size_t SandboxManager::live_vms() const
+{
+    return static_cast<size_t>(std::count_if(vms_.begin(), vms_.end(),
+                                             [](const auto& entry) { return !entry.second.sandbox->stopping(); }));
+}
+
 std::string SandboxManager::new_id() const
 {
     for (;;) {
@@ -103,19 +109,22 @@ SandboxManager::Vm& SandboxManager::start_vm(Pool& pool)
 
 std::optional<Refusal> SandboxManager::admit(Pool& pool)
 {
-    if (vms_.size() >= config_.max_sandboxes) {
-        // A warm VM of another pool gives way to a create that needs room.
+    if (live_vms() >= config_.max_sandboxes) {
+        // A warm VM of another pool gives way to a create that needs room (refill yields to
+        // demand); a VM on its way out no longer counts.
+        bool evicted = false;
         for (auto& [name, other] : pools_) {
             if (&other == &pool || other.warm.empty())
                 continue;
             Sandbox* spare = other.warm.front();
             other.warm.pop_front();
-            spare->stop("evicted from the pool for a create");
+            spare->stop("evicted from its pool for a create");
+            evicted = true;
             break;
         }
-        // An evicted VM frees its slot once it has ended; until then, serve is at capacity.
-        return Refusal{429, "at_capacity",
-                       fmt::format("{} VMs are running, the most --max-sandboxes allows", vms_.size()), 1};
+        if (!evicted)
+            return Refusal{429, "at_capacity",
+                           fmt::format("{} VMs are running, the most --max-sandboxes allows", live_vms()), 1};
     }
     const uint64_t available = host_available_mib();
     if (available < config_.mem_reserve_mib)
@@ -251,7 +260,7 @@ void SandboxManager::refill()
     const auto now = Sandbox::Clock::now();
     for (auto& [name, pool] : pools_) {
         while (pool.warm.size() + pool.starting < pool.config.target && pool.starting < config_.refill_concurrency
-               && now >= pool.next_refill && vms_.size() < config_.max_sandboxes) {
+               && now >= pool.next_refill && live_vms() < config_.max_sandboxes) {
             if (host_available_mib() < config_.mem_reserve_mib)
                 return;
             try {
@@ -279,6 +288,8 @@ void SandboxManager::sweep()
         ++failures_[why == "timeout" ? "lifetime" : "idle"];
         remove(*sandbox, why);
     }
+    for (auto& [pointer, vm] : vms_)
+        vm.sandbox->kill_if_overdue(now);
     refill();
     sweep_timer_.arm(sweep_period);
 }

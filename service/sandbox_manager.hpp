@@ -32,7 +32,7 @@ struct PoolConfig {
 struct ManagerConfig {
     std::string program;  // the agentvm binary
     std::vector<PoolConfig> pools;
-    unsigned max_sandboxes = 64;  // VMs in all: warm, starting, handed out, stopping
+    unsigned max_sandboxes = 64;  // VMs in all: warm, starting, handed out (not those stopping)
     uint64_t mem_reserve_mib = 1024;
     unsigned refill_concurrency = 2;
     size_t history_limit = 256;
@@ -96,6 +96,8 @@ private:
     };
 
     Pool* pool_named(const std::string& name);
+    // VMs that count against max_sandboxes: all but those on their way out.
+    size_t live_vms() const;
     Vm& start_vm(Pool& pool);
     void on_ready(Sandbox& sandbox);
     void on_exit(Sandbox& sandbox, const std::string& why);

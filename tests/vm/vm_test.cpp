@@ -5,10 +5,13 @@
 #include <filesystem>
 
 namespace agentvm::test {
-ProcessResult run_in_testhost(std::vector<std::string> argv, std::chrono::seconds timeout)
+ProcessResult run_in_testhost(std::vector<std::string> argv, std::chrono::seconds timeout, unsigned mem_mib)
 {
     // The runner's own limit sits inside ours, so a hung guest ends as a clear timeout (124).
-    argv.insert(argv.begin(), {TESTHOST_RUN, "--timeout", std::to_string(timeout.count() - 30), "--"});
+    argv.insert(argv.begin(), "--");
+    if (mem_mib != 0)
+        argv.insert(argv.begin(), {"--mem", std::to_string(mem_mib)});
+    argv.insert(argv.begin(), {TESTHOST_RUN, "--timeout", std::to_string(timeout.count() - 30)});
     auto result = run_process(argv, timeout);
     if (result.exit_code == 124)
         FAIL("timed out in the test host: " << result.err);

@@ -28,9 +28,10 @@ Boot boot_guest(const std::string& name, const std::vector<std::string>& args,
 ProcessResult run_agentvm(const std::vector<std::string>& args,
                           std::chrono::seconds timeout = std::chrono::seconds(300));
 
-// Runs any command where a real guest can boot.
+// Runs any command where a real guest can boot; mem_mib sets the test host's memory (0: its
+// default), for tests that run many VMs at once.
 ProcessResult run_in_testhost(std::vector<std::string> argv,
-                              std::chrono::seconds timeout = std::chrono::seconds(300));
+                              std::chrono::seconds timeout = std::chrono::seconds(300), unsigned mem_mib = 0);
 
 std::string default_rootfs();
 

@@ -1,0 +1,455 @@
+#!/usr/bin/env python3
+"""agentvm serve with real sandboxes: the pool, calls, files, timeouts, failures, metrics and
+drain (docs/api.md).
+
+usage: serve_check.py AGENTVM_SERVE_BINARY [CASE...]
+Prints "ok <case>: <what was seen>" or "FAIL <case>: <why>" per case; exits non-zero if any
+failed. Runs where a real guest boots (tests/testhost/run). The cases share one serve with a
+pool of 3, in order; the drain and kill -9 cases start serves of their own.
+"""
+import base64
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "vm"))
+from checks import expect, run_case  # noqa: E402
+from serve_client import Serve, UnixConnection, call, json_error  # noqa: E402
+
+SERVE = sys.argv[1]
+TMP = tempfile.mkdtemp(prefix="agentvm-serve-vm-")
+SOCKET = os.path.join(TMP, "serve.sock")
+POOL = 3
+MAX_SANDBOXES = 8
+STATE = {"creates": {"warm": 0, "cold": 0}, "calls": 0}
+
+
+def connect(path=SOCKET, timeout=600):
+    return UnixConnection(path, timeout=timeout)
+
+
+def request(method, path, body=None, headers=None, sock=SOCKET):
+    if isinstance(body, (dict, list)):
+        body = json.dumps(body).encode()
+        headers = {"Content-Type": "application/json", **(headers or {})}
+    return call(connect(sock), method, path, body, headers)
+
+
+def ok_json(method, path, body=None, expected=200, sock=SOCKET):
+    status, _, data = request(method, path, body, sock=sock)
+    expect(status == expected, f"{method} {path}: {status} {data[:2000]!r}")
+    return json.loads(data)
+
+
+def create(sock=SOCKET, **body):
+    sandbox = ok_json("POST", "/v1/sandboxes", body, expected=201, sock=sock)
+    if sock == SOCKET:
+        STATE["creates"][sandbox["start"]] += 1
+    return sandbox
+
+
+def delete(sandbox_id, sock=SOCKET):
+    return ok_json("DELETE", f"/v1/sandboxes/{sandbox_id}", sock=sock)
+
+
+def exec_(sandbox_id, argv, sock=SOCKET, **extra):
+    return ok_json("POST", f"/v1/sandboxes/{sandbox_id}/exec", {"argv": argv, **extra}, sock=sock)
+
+
+def shell(sandbox_id, cmd, **extra):
+    return ok_json("POST", f"/v1/sandboxes/{sandbox_id}/shell", {"cmd": cmd, **extra})
+
+
+def text(answer, stream):
+    if stream in answer:
+        return answer[stream]
+    return base64.b64decode(answer[stream + "_b64"]).decode(errors="replace")
+
+
+def metrics(sock=SOCKET):
+    """Parses the Prometheus text format: {(name, frozenset(labels)): value}."""
+    status, headers, data = request("GET", "/metrics", sock=sock)
+    expect(status == 200 and headers.get("Content-Type", "").startswith("text/plain"), f"metrics: {status} {headers}")
+    samples = {}
+    families = set()
+    for line in data.decode().splitlines():
+        if line.startswith("# TYPE "):
+            _, _, name, kind = line.split(" ")
+            expect(kind in ("counter", "gauge", "histogram"), f"type line {line!r}")
+            families.add(name)
+            continue
+        if not line or line.startswith("#"):
+            continue
+        series, value = line.rsplit(" ", 1)
+        labels = frozenset()
+        name = series
+        if "{" in series:
+            name, rest = series.split("{", 1)
+            expect(rest.endswith("}"), f"metrics line {line!r}")
+            pairs = [p for p in rest[:-1].split(",") if p]
+            labels = frozenset(tuple(p.split("=", 1)) for p in pairs)
+        base = name
+        for suffix in ("_bucket", "_sum", "_count"):
+            if name.endswith(suffix) and name[: -len(suffix)] in families:
+                base = name[: -len(suffix)]
+        expect(base in families, f"{name} has no # TYPE line")
+        samples[(name, labels)] = float(value)
+    return samples
+
+
+def metric(samples, name, **labels):
+    key = (name, frozenset((k, f'"{v}"') for k, v in labels.items()))
+    expect(key in samples, f"no sample {name} {labels}")
+    return samples[key]
+
+
+def wait_pool_ready(count, sock=SOCKET, within=600):
+    deadline = time.monotonic() + within
+    while True:
+        ready = metric(metrics(sock), "agentvm_pool_ready", pool="default")
+        if ready >= count:
+            return
+        expect(time.monotonic() < deadline, f"the pool has {ready} of {count} ready after {within} s")
+        time.sleep(0.5)
+
+
+def episode_pids():
+    """pid -> cmdline of every agentvm process running here (episodes and their VMMs)."""
+    found = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+        except OSError:
+            continue
+        if argv and os.path.basename(argv[0]) == b"agentvm":
+            found[int(entry)] = b" ".join(argv)
+    return found
+
+
+def children(pid):
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(p) for p in f.read().split()]
+    except OSError:
+        return []
+
+
+def wait_no_agentvm(within=30):
+    deadline = time.monotonic() + within
+    while episode_pids():
+        expect(time.monotonic() < deadline, f"agentvm processes left: {episode_pids()}")
+        time.sleep(0.2)
+
+
+def pool_warm_and_cold():
+    wait_pool_ready(POOL)
+    results = [None] * 5
+    errors = []
+
+    def one(i):
+        try:
+            results[i] = create(metadata={"n": str(i)})
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(repr(e))
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(5)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    expect(not errors, f"creates failed: {errors}")
+    starts = sorted(r["start"] for r in results)
+    expect(starts == ["cold", "cold", "warm", "warm", "warm"], f"starts: {starts}")
+    expect(all(r["restored"] for r in results), "a sandbox booted instead of restoring")
+    expect(len({r["id"] for r in results}) == 5, "ids repeat")
+    expect(sorted(r["metadata"]["n"] for r in results) == [str(i) for i in range(5)], "metadata lost")
+    listed = ok_json("GET", "/v1/sandboxes")["sandboxes"]
+    expect({s["id"] for s in listed} >= {r["id"] for r in results}, "a created sandbox is not listed")
+    warm_ms = sorted(r["create_ms"] for r in results if r["start"] == "warm")
+    cold_ms = sorted(r["create_ms"] for r in results if r["start"] == "cold")
+    for r in results:
+        delete(r["id"])
+    return f"3 warm ({warm_ms} ms) and 2 cold ({cold_ms} ms), all restored, listed, deleted"
+
+
+def state_within_not_across():
+    a = create(env={"GREETING": "hello a"})
+    b = create()
+    shell(a["id"], "cd /tmp && export X=42 && echo kept > /tmp/mark")
+    r = shell(a["id"], "echo $PWD $X $GREETING; cat /tmp/mark")
+    expect(text(r, "stdout") == "/tmp 42 hello a\nkept\n", f"shell state in a: {r}")
+    r = exec_(a["id"], ["sh", "-c", "echo $GREETING"])
+    expect(text(r, "stdout") == "hello a\n", f"sandbox env in exec: {r}")
+    r = exec_(a["id"], ["sh", "-c", "echo $GREETING"], env={"GREETING": "call's own"})
+    expect(text(r, "stdout") == "call's own\n", f"call env over sandbox env: {r}")
+    r = shell(b["id"], "echo \"$X|$GREETING\"; cat /tmp/mark 2>&1 || true")
+    expect(text(r, "stdout").startswith("|\n") and "No such file" in text(r, "stdout"), f"b sees a's state: {r}")
+    r = exec_(b["id"], ["sh", "-c", "exit 3"])
+    expect(r["exit_code"] == 3 and r["signal"] is None and r["timed_out"] is False, f"exit code: {r}")
+    STATE["calls"] += 6
+    history = delete(a["id"])["history"]
+    calls = history["calls"]
+    expect([c["request"]["op"] for c in calls] == ["shell", "shell", "exec", "exec"], f"history ops: {calls}")
+    expect(calls[1]["result"]["stdout"] == "/tmp 42 hello a\nkept\n", f"history output: {calls[1]}")
+    expect(calls[2]["request"]["argv"] == ["sh", "-c", "echo $GREETING"], f"history request: {calls[2]}")
+    delete(b["id"])
+    status, _, data = request("GET", f"/v1/sandboxes/{a['id']}")
+    expect(status == 404 and b"has ended (deleted)" in data, f"deleted sandbox: {status} {data!r}")
+    return "cwd, variables, env and files kept in one sandbox, none seen in another; history returned on delete"
+
+
+def big_file_both_ways():
+    s = create()
+    data = os.urandom(64 << 20)
+    digest = hashlib.sha256(data).hexdigest()
+    conn = connect()
+    status, _, body = call(conn, "PUT", f"/v1/sandboxes/{s['id']}/files?path=/tmp/big.bin&mode=0600", data)
+    expect(status == 200 and json.loads(body)["bytes"] == len(data), f"upload: {status} {body!r}")
+    r = exec_(s["id"], ["sh", "-c", "sha256sum /tmp/big.bin; stat -c %a /tmp/big.bin"])
+    expect(text(r, "stdout").split() == [digest, "/tmp/big.bin", "600"], f"in the guest: {r}")
+    status, headers, body = call(connect(), "GET", f"/v1/sandboxes/{s['id']}/files?path=/tmp/big.bin")
+    expect(status == 200 and hashlib.sha256(body).hexdigest() == digest, f"download: {status}, {len(body)} bytes")
+    status, _, body = call(connect(), "GET", f"/v1/sandboxes/{s['id']}/files?path=/nope")
+    expect(status == 422 and json_error(body) == "not_found", f"missing file: {status} {body!r}")
+    status, _, body = call(connect(), "PUT", f"/v1/sandboxes/{s['id']}/files?path=/nodir/x", b"x")
+    expect(status == 422 and json_error(body) == "not_found", f"upload to a missing dir: {status} {body!r}")
+    status, _, body = call(connect(), "PUT", f"/v1/sandboxes/{s['id']}/files?path=/tmp/empty", b"")
+    r = exec_(s["id"], ["stat", "-c", "%s", "/tmp/empty"])
+    expect(status == 200 and text(r, "stdout") == "0\n", f"empty upload: {status} {body!r} {r}")
+    STATE["calls"] += 2
+    delete(s["id"])
+    return f"64 MiB up and down, sha256 {digest[:16]}…, mode 0600; missing file and dir 422; empty file"
+
+
+def streaming():
+    s = create()
+    conn = connect()
+    body = json.dumps({"argv": ["sh", "-c", "for i in 1 2 3; do echo line $i; sleep 0.2; done; echo err >&2"],
+                       "stream": True}).encode()
+    conn.request("POST", f"/v1/sandboxes/{s['id']}/exec", body=body, headers={"Content-Type": "application/json"})
+    r = conn.getresponse()
+    expect(r.status == 200 and r.getheader("Content-Type") == "application/x-ndjson", f"stream: {r.status}")
+    lines = [json.loads(line) for line in r.read().decode().splitlines()]
+    events = [line for line in lines if "event" in line]
+    final = lines[-1]
+    out = "".join(text(e, "data") for e in events if e["event"] == "stdout")
+    err = "".join(text(e, "data") for e in events if e["event"] == "stderr")
+    expect(out == "line 1\nline 2\nline 3\n" and err == "err\n", f"events: {events}")
+    expect("event" not in final and final["exit_code"] == 0 and "stdout" not in final, f"final line: {final}")
+    expect(len([e for e in events if e["event"] == "stdout"]) >= 2, f"output came in one piece: {events}")
+    STATE["calls"] += 1
+    delete(s["id"])
+    return f"{len(events)} events as NDJSON, then the result without output"
+
+
+def timeouts():
+    a = create(timeout=3)
+    b = create(idle_timeout=2, timeout=600)
+    exec_(b["id"], ["true"])
+    STATE["calls"] += 1
+    c = create(timeout=2)
+    extended = ok_json("POST", f"/v1/sandboxes/{c['id']}/timeout", {"timeout": 30})
+    expect(extended["expires_at"] > c["expires_at"] + 20, f"timeout not extended: {extended}")
+    time.sleep(5)
+    for sandbox, why in ((a, "timeout"), (b, "idle_timeout")):
+        status, _, data = request("GET", f"/v1/sandboxes/{sandbox['id']}")
+        expect(status == 404 and f"has ended ({why})".encode() in data, f"{why}: {status} {data!r}")
+    expect(ok_json("GET", f"/v1/sandboxes/{c['id']}")["state"] == "running", "the extended sandbox ended")
+    delete(c["id"])
+    return "lifetime 3 s and idle 2 s ended their sandboxes (404 names why); an extended one lives on"
+
+
+def vm_killed():
+    s = create()
+    wait_pool_ready(POOL)
+    info = ok_json("GET", f"/v1/sandboxes/{s['id']}")
+    vmms = children(info["pid"])
+    expect(vmms, f"episode {info['pid']} has no VMM child")
+    result = {}
+
+    def long_call():
+        result["r"] = request("POST", f"/v1/sandboxes/{s['id']}/exec", {"argv": ["sleep", "60"]})
+
+    t = threading.Thread(target=long_call)
+    t.start()
+    time.sleep(2)
+    for pid in vmms:
+        os.kill(pid, signal.SIGKILL)
+    t.join(120)
+    status, _, data = result["r"]
+    expect(status == 502 and json_error(data) == "vm_died", f"pending call: {status} {data!r}")
+    status, _, data = request("GET", f"/v1/sandboxes/{s['id']}")
+    expect(status == 404 and b"vm_died" in data, f"dead sandbox: {status} {data!r}")
+    listed = [x["id"] for x in ok_json("GET", "/v1/sandboxes")["sandboxes"]]
+    expect(s["id"] not in listed, "the dead sandbox is still listed")
+    wait_pool_ready(POOL)
+    STATE["vm_died"] = 1
+    return "the pending call failed with vm_died (502), the sandbox is gone, the pool refilled"
+
+
+def errors():
+    cases = []
+
+    def check(method, path, body, status, code, headers=None):
+        got, hdrs, data = request(method, path, body, headers)
+        expect(got == status and json_error(data) == code, f"{method} {path}: {got} {data!r}")
+        cases.append(f"{status} {code}")
+        return hdrs
+
+    check("POST", "/v1/sandboxes", b"{not json", 400, "bad_json", {"Content-Type": "application/json"})
+    check("POST", "/v1/sandboxes", {"timeout": -1}, 400, "bad_field")
+    check("POST", "/v1/sandboxes", {"pool": "nope"}, 404, "unknown_pool")
+    check("GET", "/v1/sandboxes/sb-0000000000000000", None, 404, "not_found")
+    check("PUT", "/v1/sandboxes", None, 405, "method_not_allowed")
+    s = create()
+    check("POST", f"/v1/sandboxes/{s['id']}/exec", {"argv": []}, 400, "bad_field")
+    check("POST", f"/v1/sandboxes/{s['id']}/exec", {"argv": ["x"], "id": 1}, 400, "bad_field")
+    check("POST", f"/v1/sandboxes/{s['id']}/exec", {"argv": ["/no/such"]}, 422, "not_found")
+    conn = connect()
+    conn.putrequest("POST", f"/v1/sandboxes/{s['id']}/exec")
+    conn.putheader("Content-Length", str(2 << 20))
+    conn.endheaders()
+    r = conn.getresponse()
+    expect(r.status == 413 and json_error(r.read()) == "body_too_large", f"2 MiB body: {r.status}")
+    cases.append("413 body_too_large")
+    check("GET", f"/v1/sandboxes/{s['id']}/files", None, 400, "missing_field")
+    r = exec_(s["id"], ["sh", "-c", "sleep 10"], timeout=1)
+    expect(r["timed_out"] is True, f"timeout: {r}")
+    STATE["calls"] += 2  # the call answered not_found counts as a call too
+    STATE["timeouts"] = 1
+    # At capacity: fill serve up to --max-sandboxes, then one more.
+    held = [s]
+    while True:
+        status, headers, data = request("POST", "/v1/sandboxes", {})
+        if status != 201:
+            break
+        held.append(json.loads(data))
+        STATE["creates"][held[-1]["start"]] += 1
+        expect(len(held) <= MAX_SANDBOXES, f"{len(held)} sandboxes created past --max-sandboxes")
+    expect(status == 429 and json_error(data) == "at_capacity" and headers.get("Retry-After") == "1",
+           f"at capacity: {status} {headers} {data!r}")
+    cases.append("429 at_capacity")
+    STATE["refused"] = 1
+    for x in held:
+        delete(x["id"])
+    return ", ".join(cases)
+
+
+def metrics_match():
+    wait_pool_ready(POOL)
+    m = metrics()
+    warm = metric(m, "agentvm_creates_total", pool="default", path="warm")
+    cold = metric(m, "agentvm_creates_total", pool="default", path="cold")
+    expect(warm + cold == STATE["creates"]["warm"] + STATE["creates"]["cold"],
+           f"creates: {warm} warm + {cold} cold, the test made {STATE['creates']}")
+    expect(cold >= 2, f"cold creates {cold}")
+    expect(metric(m, "agentvm_pool_target", pool="default") == POOL, "pool target")
+    expect(metric(m, "agentvm_sandboxes", state="warm") == POOL, "warm gauge")
+    expect(metric(m, "agentvm_failures_total", kind="vm_died") == STATE.get("vm_died", 0), "vm_died count")
+    expect(metric(m, "agentvm_failures_total", kind="timeout") == STATE.get("timeouts", 0), "timeout count")
+    expect(metric(m, "agentvm_failures_total", kind="lifetime") == 1, "lifetime expiries")
+    expect(metric(m, "agentvm_failures_total", kind="idle") == 1, "idle expiries")
+    expect(metric(m, "agentvm_create_refusals_total", code="at_capacity") == STATE.get("refused", 0), "refusals")
+    creates = metric(m, "agentvm_create_seconds_count")
+    expect(creates == warm + cold, f"create histogram count {creates}")
+    expect(metric(m, "agentvm_create_seconds_bucket", le="+Inf") == creates, "histogram +Inf bucket")
+    calls = metric(m, "agentvm_call_seconds_count")
+    expect(calls >= STATE["calls"], f"call histogram count {calls} < {STATE['calls']}")
+    return f"{int(warm)} warm + {int(cold)} cold creates, {int(calls)} calls, failures and refusals as done"
+
+
+def drain_with_call_in_flight():
+    sock = os.path.join(TMP, "drain.sock")
+    serve = Serve(SERVE, "--listen", f"unix:{sock}", "--pool", "default=1", "--mem-reserve", "64",
+                  "--drain-grace", "60")
+    try:
+        serve.wait_listening(lambda: connect(sock))
+        s = create(sock=sock)
+        result = {}
+
+        def long_call():
+            result["r"] = exec_(s["id"], ["sh", "-c", "sleep 3; echo finished"], sock=sock)
+
+        t = threading.Thread(target=long_call)
+        t.start()
+        time.sleep(1)
+        serve.proc.send_signal(signal.SIGTERM)
+        t.join(120)
+        code = serve.proc.wait(120)
+        expect(code == 0, f"serve exit {code}: {serve.log()[-2000:]}")
+        expect(text(result.get("r", {}), "stdout") == "finished\n", f"the call in flight: {result}")
+        wait_no_agentvm()
+    finally:
+        serve.stop()
+    return "the running call finished, serve exited 0, no VM left"
+
+
+def kill9_leaves_nothing():
+    sock = os.path.join(TMP, "kill.sock")
+    before = set(os.listdir(os.environ.get("TMPDIR", "/tmp")))
+    serve = Serve(SERVE, "--listen", f"unix:{sock}", "--pool", "default=2", "--mem-reserve", "64")
+    try:
+        serve.wait_listening(lambda: connect(sock))
+        wait_pool_ready(2, sock=sock)
+        s = create(sock=sock)
+        exec_(s["id"], ["true"], sock=sock)
+        expect(len(episode_pids()) >= 6, f"agentvm processes: {episode_pids()}")
+        serve.proc.kill()
+        serve.proc.wait()
+        wait_no_agentvm()
+    finally:
+        serve.stop()
+    left = set(os.listdir(os.environ.get("TMPDIR", "/tmp"))) - before
+    expect(not [f for f in left if "agentvm" in f and not f.startswith("agentvm-serve")], f"temp files left: {left}")
+    serve = Serve(SERVE, "--listen", f"unix:{sock}", "--pool", "default=1", "--mem-reserve", "64")
+    try:
+        serve.wait_listening(lambda: connect(sock))
+        s = create(sock=sock)
+        r = exec_(s["id"], ["echo", "again"], sock=sock)
+        expect(text(r, "stdout") == "again\n", f"restarted serve: {r}")
+    finally:
+        expect(serve.stop() == 0, "restarted serve did not stop cleanly")
+    wait_no_agentvm()
+    return "kill -9: every episode and VMM died with serve, no temp file left; a restarted serve serves"
+
+
+SHARED = [pool_warm_and_cold, state_within_not_across, big_file_both_ways, streaming, timeouts, vm_killed,
+          errors, metrics_match]
+ALONE = [drain_with_call_in_flight, kill9_leaves_nothing]  # after the shared serve has stopped
+
+
+def main():
+    wanted = sys.argv[2:]
+    serve = Serve(SERVE, "--listen", f"unix:{SOCKET}", "--pool", f"default={POOL}", "--max-sandboxes",
+                  str(MAX_SANDBOXES), "--mem-reserve", "64", log_level="info")
+    failed = 0
+    try:
+        serve.wait_listening(connect)
+        for case in SHARED:
+            if not wanted or case.__name__ in wanted:
+                failed += not run_case(case.__name__, case)
+        code = serve.stop()
+        if code != 0:
+            print(f"FAIL serve_exit: {code}")
+            failed += 1
+    finally:
+        serve.stop()
+        if failed:
+            print(serve.log()[-6000:], file=sys.stderr)
+    for case in ALONE:
+        if not wanted or case.__name__ in wanted:
+            failed += not run_case(case.__name__, case)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,20 @@
+// agentvm serve with real sandboxes: the pool's warm and cold paths, calls, files, timeouts,
+// a VMM killed, errors, metrics, drain and kill -9. The scenarios are in
+// tests/service/serve_check.py; this test runs it where a real guest boots and checks each.
+#include <doctest/doctest.h>
+
+#include "tests/vm/vm_test.hpp"
+
+using namespace agentvm::test;
+
+TEST_CASE("agentvm serve runs sandboxes from a warm pool and answers every call and failure as documented")
+{
+    // Up to 9 VMs at once: the test host gets room for them.
+    const auto r = run_in_testhost({"python3", SERVE_CHECK, AGENTVM_SERVE_BIN}, std::chrono::seconds(1500), 4096);
+    INFO("stdout: " << r.out << "\nstderr: " << r.err);
+    for (const char* name : {"pool_warm_and_cold", "state_within_not_across", "big_file_both_ways", "streaming",
+                             "timeouts", "vm_killed", "errors", "metrics_match", "drain_with_call_in_flight",
+                             "kill9_leaves_nothing"})
+        CHECK_MESSAGE(r.out.find(std::string("ok ") + name + ":") != std::string::npos, name);
+    CHECK(r.exit_code == 0);
+}
