@@ -6,6 +6,7 @@
 #include "service/call_relay.hpp"
 #include "service/create_request.hpp"
 #include "service/file_transfer.hpp"
+#include "service/run_code.hpp"
 
 namespace agentvm {
 namespace {
@@ -61,6 +62,13 @@ std::pair<std::string, std::string> split_sandbox_path(std::string_view rest)
 
 } // namespace
 
+std::optional<size_t> ServiceApi::larger_body(std::string_view method, std::string_view path)
+{
+    if (method == "POST" && path == "/run_code")
+        return max_run_code_body;
+    return std::nullopt;
+}
+
 bool ServiceApi::streams_body(std::string_view method, std::string_view path)
 {
     return method == "PUT" && path.starts_with(sandboxes_prefix) && path.ends_with("/files");
@@ -85,6 +93,10 @@ void ServiceApi::route(const std::shared_ptr<HttpExchange>& exchange)
     if (path == "/metrics") {
         require_method(*exchange, "GET");
         return exchange->respond(200, manager_.metrics_text(), "text/plain; version=0.0.4");
+    }
+    if (path == "/run_code") {
+        require_method(*exchange, "POST");
+        return run_code(manager_, exchange);
     }
     if (path == sandboxes_prefix) {
         if (exchange->method() == "POST")

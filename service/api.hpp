@@ -16,6 +16,8 @@ public:
     void handle(const std::shared_ptr<HttpExchange>& exchange);
     // The requests whose body streams (HttpServer::Options::streams_body): file uploads.
     static bool streams_body(std::string_view method, std::string_view path);
+    // The requests that may carry more than HttpServer's max_body: /run_code.
+    static std::optional<size_t> larger_body(std::string_view method, std::string_view path);
 
 private:
     void route(const std::shared_ptr<HttpExchange>& exchange);

@@ -18,4 +18,10 @@ public:
     std::string code;
 };
 
+// 400 bad_field: a field of the request's body has the wrong type or value.
+[[noreturn]] inline void throw_bad_field(const std::string& message)
+{
+    throw ApiError(400, "bad_field", message);
+}
+
 } // namespace agentvm

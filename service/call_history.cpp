@@ -18,7 +18,11 @@ void keep(std::string& kept, bool& clipped, std::string_view bytes)
 uint64_t CallHistory::begin(Json request_summary)
 {
     const uint64_t seq = next_seq_++;
-    entries_.push_back(Entry{seq, std::move(request_summary), std::chrono::system_clock::now(), std::nullopt, {}, {}, false, false, false});
+    Entry entry{};
+    entry.seq = seq;
+    entry.request = std::move(request_summary);
+    entry.started_wall = std::chrono::system_clock::now();
+    entries_.push_back(std::move(entry));
     while (entries_.size() > limit_) {
         entries_.pop_front();
         ++dropped_;

@@ -9,16 +9,11 @@
 namespace agentvm {
 namespace {
 
-[[noreturn]] void bad(const std::string& message)
-{
-    throw ApiError(400, "bad_field", message);
-}
-
 std::chrono::seconds seconds_field(const Json& value, const char* name)
 {
     if (!value.is_number() || !std::isfinite(value.get<double>()) || value.get<double>() < 1
         || value.get<double>() > max_sandbox_timeout_s)
-        bad(fmt::format("\"{}\" must be a number of seconds from 1 to {}", name, max_sandbox_timeout_s));
+        throw_bad_field(fmt::format("\"{}\" must be a number of seconds from 1 to {}", name, max_sandbox_timeout_s));
     return std::chrono::seconds(std::llround(value.get<double>()));
 }
 
@@ -45,7 +40,7 @@ CreateRequest parse_create_request(const std::string& body)
     for (const auto& [key, value] : json.items()) {
         if (key == "pool") {
             if (!value.is_string() || value.get<std::string>().empty())
-                bad("\"pool\" must be a non-empty string");
+                throw_bad_field("\"pool\" must be a non-empty string");
             request.pool = value.get<std::string>();
         } else if (key == "timeout") {
             request.settings.timeout = seconds_field(value, "timeout");
@@ -54,26 +49,27 @@ CreateRequest parse_create_request(const std::string& body)
                 request.settings.idle_timeout = seconds_field(value, "idle_timeout");
         } else if (key == "env") {
             if (!value.is_object() || value.size() > max_env_entries)
-                bad(fmt::format("\"env\" must be an object of at most {} strings", max_env_entries));
+                throw_bad_field(fmt::format("\"env\" must be an object of at most {} strings", max_env_entries));
             for (const auto& [name, text] : value.items()) {
                 if (!valid_env_name(name))
-                    bad(fmt::format("\"env\": \"{}\" is not a variable name (letters, digits, _; not a digit first)",
-                                    name));
+                    throw_bad_field(fmt::format(
+                        "\"env\": \"{}\" is not a variable name (letters, digits, _; not a digit first)", name));
                 if (!text.is_string() || text.get<std::string>().find('\0') != std::string::npos)
-                    bad(fmt::format("\"env\": \"{}\" must be a string without NUL", name));
+                    throw_bad_field(fmt::format("\"env\": \"{}\" must be a string without NUL", name));
                 request.settings.env[name] = text.get<std::string>();
             }
         } else if (key == "metadata") {
             if (!value.is_object() || value.size() > max_metadata_entries)
-                bad(fmt::format("\"metadata\" must be an object of at most {} strings", max_metadata_entries));
+                throw_bad_field(
+                    fmt::format("\"metadata\" must be an object of at most {} strings", max_metadata_entries));
             for (const auto& [name, text] : value.items()) {
                 if (!text.is_string() || name.size() > 256 || text.get<std::string>().size() > 4096)
-                    bad(fmt::format("\"metadata\": \"{:.64}\" must be a string of at most 4096 bytes, its name "
-                                    "at most 256", name));
+                    throw_bad_field(fmt::format(
+                        "\"metadata\": \"{:.64}\" must be a string of at most 4096 bytes, its name at most 256", name));
             }
             request.settings.metadata = value;
         } else {
-            bad(fmt::format("unknown field \"{:.64}\" (pool, timeout, idle_timeout, env, metadata)", key));
+            throw_bad_field(fmt::format("unknown field \"{:.64}\" (pool, timeout, idle_timeout, env, metadata)", key));
         }
     }
     return request;

@@ -26,7 +26,7 @@ public:
         Json summary{{"op", "write_file"}, {"path", path_}};
         if (mode_)
             summary["mode"] = *mode_;
-        seq_ = sandbox_->record(std::move(summary));
+        seq_ = sandbox_.lock()->record(std::move(summary));
         auto self = shared_from_this();
         exchange_->read_body([self](std::string_view piece) { self->take(piece); }, [self] { self->body_ended(); });
         exchange_->on_gone([self] { self->failed_ = true; });
@@ -56,7 +56,9 @@ private:
 
     void send(size_t bytes)
     {
-        Json request{{"op", "write_file"}, {"path", path_}, {"data_b64", base64_encode(std::string_view(buffer_).substr(0, bytes))}};
+        Json request{{"op", "write_file"},
+                     {"path", path_},
+                     {"data_b64", base64_encode(std::string_view(buffer_).substr(0, bytes))}};
         if (sent_any_)
             request["append"] = true;
         else if (mode_)
@@ -66,8 +68,9 @@ private:
         total_ += bytes;
         ++in_flight_;
         auto self = shared_from_this();
-        sandbox_->call(std::move(request), std::nullopt,
-                       CallHandlers{[](Json&&) {}, [self](Json&& answer) { self->answered(answer); }});
+        if (auto sandbox = sandbox_.lock())
+            sandbox->call(std::move(request), std::nullopt,
+                          CallHandlers{[](Json&&) {}, [self](Json&& answer) { self->answered(answer); }});
     }
 
     void answered(const Json& answer)
@@ -77,7 +80,8 @@ private:
             return;
         if (answer.contains("error")) {
             failed_ = true;
-            sandbox_->record_end(seq_, answer);
+            if (auto sandbox = sandbox_.lock())
+                sandbox->record_end(seq_, answer);
             respond_agent_error(*exchange_, answer);
             return;
         }
@@ -91,11 +95,12 @@ private:
         if (!ended_ || in_flight_ > 0 || failed_ || exchange_->answered())
             return;
         const Json result{{"ok", true}, {"path", path_}, {"bytes", total_}};
-        sandbox_->record_end(seq_, result);
+        if (auto sandbox = sandbox_.lock())
+            sandbox->record_end(seq_, result);
         exchange_->respond(200, result.dump() + "\n");
     }
 
-    std::shared_ptr<Sandbox> sandbox_;
+    std::weak_ptr<Sandbox> sandbox_;  // weak: its pending calls hold this upload
     std::shared_ptr<HttpExchange> exchange_;
     std::string path_;
     std::optional<std::string> mode_;

@@ -315,6 +315,9 @@ bool HttpServer::handle(MHD_Connection* connection, const char* url, const char*
         *context = held;
         HttpExchange& exchange = **held;
         exchange.body_streams_ = options_.streams_body && options_.streams_body(exchange.method_, exchange.path_);
+        exchange.max_body_ = options_.max_body;
+        if (options_.larger_body)
+            exchange.max_body_ = options_.larger_body(exchange.method_, exchange.path_).value_or(options_.max_body);
         if (!authorized(connection)) {
             exchange.respond_error(401, "unauthorized",
                                    "a valid token is required: 'Authorization: Bearer TOKEN', or TOKEN as the "
@@ -324,10 +327,10 @@ bool HttpServer::handle(MHD_Connection* connection, const char* url, const char*
             errno = 0;
             char* end = nullptr;
             const unsigned long long bytes = std::strtoull(length, &end, 10);
-            if (errno == 0 && end != length && *end == '\0' && bytes > options_.max_body && !exchange.body_streams_)
+            if (errno == 0 && end != length && *end == '\0' && bytes > exchange.max_body_ && !exchange.body_streams_)
                 exchange.respond_error(413, "body_too_large",
                                        fmt::format("the request body is {} bytes; at most {} are taken here", bytes,
-                                                   options_.max_body));
+                                                   exchange.max_body_));
         }
         // Answered already (401, 413): queued now, so MHD closes the connection after it
         // instead of reading a body nobody wants.
@@ -345,7 +348,7 @@ bool HttpServer::handle(MHD_Connection* connection, const char* url, const char*
     if (exchange.body_streams_)
         return take_streamed_body(exchange, upload_data, upload_data_size);
     if (*upload_data_size > 0) {
-        if (exchange.body_.size() + *upload_data_size > options_.max_body)
+        if (exchange.body_.size() + *upload_data_size > exchange.max_body_)
             exchange.body_too_large_ = true;
         else
             exchange.body_.append(upload_data, *upload_data_size);
@@ -356,7 +359,7 @@ bool HttpServer::handle(MHD_Connection* connection, const char* url, const char*
         exchange.dispatched_ = true;
         if (exchange.body_too_large_) {
             exchange.respond_error(413, "body_too_large",
-                                   fmt::format("the request body is over {} bytes", options_.max_body));
+                                   fmt::format("the request body is over {} bytes", exchange.max_body_));
         } else {
             dispatch(*held);
         }

@@ -96,6 +96,7 @@ private:
     std::string path_;
     std::string body_;
     bool body_too_large_ = false;
+    size_t max_body_ = 0;
     bool body_streams_ = false;
     bool body_paused_ = false;
     bool body_ended_ = false;
@@ -123,6 +124,8 @@ public:
     struct Options {
         std::optional<std::string> token;  // required of every request when set
         size_t max_body = size_t{1} << 20;
+        // A larger limit for some requests (SandboxFusion's /run_code carries files in JSON).
+        std::function<std::optional<size_t>(std::string_view method, std::string_view path)> larger_body;
         unsigned max_connections = 4096;
         // A connection that sends or takes nothing for this long is closed (while its
         // request waits for a suspended answer, it is not counted).

@@ -29,11 +29,12 @@ std::string shell_quote(const std::string& text)
 // The last line agentvm wrote on stderr: why an episode ended, in its own words.
 std::string last_line(const std::string& text)
 {
-    size_t end = text.find_last_not_of("\n ");
+    const size_t end = text.find_last_not_of("\n ");
     if (end == std::string::npos)
         return {};
-    const size_t start = text.rfind('\n', end);
-    return text.substr(start == std::string::npos ? 0 : start + 1, end - (start == std::string::npos ? 0 : start + 1) + 1);
+    const size_t newline = text.rfind('\n', end);
+    const size_t start = newline == std::string::npos ? 0 : newline + 1;
+    return text.substr(start, end - start + 1);
 }
 
 std::string describe_exit(int wait_status)
@@ -209,8 +210,8 @@ void Sandbox::stop(std::string why)
 void Sandbox::kill_if_overdue(Clock::time_point now)
 {
     if (stopping() && now - stop_requested_ >= stop_patience) {
-        spdlog::warn("{} {}: the episode did not end within {} s of SIGTERM: killing it", assigned() ? "sandbox" : "pool",
-                     assigned() ? settings_.id : pool_, stop_patience.count());
+        spdlog::warn("{} {}: the episode did not end within {} s of SIGTERM: killing it",
+                     assigned() ? "sandbox" : "pool", assigned() ? settings_.id : pool_, stop_patience.count());
         episode_->kill();
     }
 }

@@ -67,6 +67,7 @@ int run_serve(const ServeConfig& config)
     HttpServer::Options options;
     options.token = config.token;
     options.streams_body = &ServiceApi::streams_body;
+    options.larger_body = &ServiceApi::larger_body;
     HttpServer server(loop, std::move(listeners), options,
                       [&api](const std::shared_ptr<HttpExchange>& exchange) { api.handle(exchange); });
     int stop_signal = 0;

@@ -344,12 +344,50 @@ def errors():
     return ", ".join(cases)
 
 
+def run_code():
+    def run(**body):
+        r = ok_json("POST", "/run_code", body)
+        expect(set(r) == {"status", "message", "compile_result", "run_result", "executor_pod_name", "files"},
+               f"fields: {sorted(r)}")
+        if r["executor_pod_name"]:
+            STATE["run_code"] = STATE.get("run_code", 0) + 1
+        return r
+
+    r = run(code="import sys\nprint('hi', sys.stdin.read())", language="python", stdin="there")
+    expect(r["status"] == "Success" and r["run_result"]["status"] == "Finished"
+           and r["run_result"]["return_code"] == 0 and r["run_result"]["stdout"] == "hi there\n"
+           and r["compile_result"] is None and r["run_result"]["execution_time"] >= 0, f"success: {r}")
+    r = run(code="import sys\nprint('bad', file=sys.stderr)\nsys.exit(3)", language="python")
+    expect(r["status"] == "Failed" and r["run_result"]["return_code"] == 3
+           and r["run_result"]["stderr"] == "bad\n", f"failure: {r}")
+    r = run(code="import time\nprint('started', flush=True)\ntime.sleep(30)", language="python", run_timeout=5)
+    expect(r["status"] == "Failed" and r["run_result"]["status"] == "TimeLimitExceeded"
+           and r["run_result"]["stdout"] == "started\n", f"timeout: {r}")
+    files = {"data/in.txt": base64.b64encode(b"41").decode()}
+    r = run(code="n = int(open('data/in.txt').read())\nopen('out.bin', 'wb').write(bytes([n, 0, 255]))",
+            language="python", files=files, fetch_files=["out.bin", "missing.txt"])
+    expect(r["status"] == "Success" and r["files"] == {"out.bin": base64.b64encode(bytes([41, 0, 255])).decode()},
+           f"files: {r}")
+    r = run(code="echo $((6*7)); exit 1", language="bash")
+    expect(r["status"] == "Failed" and r["run_result"]["stdout"] == "42\n", f"bash: {r}")
+    r = run(code="fn main() {}", language="rust")
+    expect(r["status"] == "SandboxError" and '"rust"' in r["message"] and r["run_result"] is None,
+           f"unknown language: {r}")
+    status, _, data = request("POST", "/run_code", {"language": "python"})
+    expect(status == 400 and json_error(data) == "bad_field", f"no code: {status} {data!r}")
+    listed = ok_json("GET", "/v1/sandboxes")["sandboxes"]
+    expect(not listed, f"run_code left sandboxes: {listed}")
+    STATE["timeouts"] = STATE.get("timeouts", 0) + 1
+    return "python success with stdin, failure, TimeLimitExceeded, files in and fetched out, bash, " \
+           "rust a SandboxError naming it, every sandbox deleted"
+
+
 def metrics_match():
     wait_pool_ready(POOL)
     m = metrics()
     warm = metric(m, "agentvm_creates_total", pool="default", path="warm")
     cold = metric(m, "agentvm_creates_total", pool="default", path="cold")
-    expect(warm + cold == STATE["creates"]["warm"] + STATE["creates"]["cold"],
+    expect(warm + cold == STATE["creates"]["warm"] + STATE["creates"]["cold"] + STATE.get("run_code", 0),
            f"creates: {warm} warm + {cold} cold, the test made {STATE['creates']}")
     expect(cold >= 2, f"cold creates {cold}")
     expect(metric(m, "agentvm_pool_target", pool="default") == POOL, "pool target")
@@ -423,7 +461,7 @@ def kill9_leaves_nothing():
 
 
 SHARED = [pool_warm_and_cold, state_within_not_across, big_file_both_ways, streaming, timeouts, vm_killed,
-          errors, metrics_match]
+          errors, run_code, metrics_match]
 ALONE = [drain_with_call_in_flight, kill9_leaves_nothing]  # after the shared serve has stopped
 
 
