@@ -460,9 +460,70 @@ def kill9_leaves_nothing():
     return "kill -9: every episode and VMM died with serve, no temp file left; a restarted serve serves"
 
 
+def serve_footprint(pid):
+    """What a leak would grow: serve's RSS (KiB) and open fds, agentvm processes, VM cgroups,
+    agentvm temp files."""
+    with open(f"/proc/{pid}/status") as f:
+        rss = next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+    parent = "/sys/fs/cgroup/agentvm"
+    cgroups = os.listdir(parent) if os.path.isdir(parent) else []
+    tmp = os.environ.get("TMPDIR", "/tmp")
+    return {"rss_kib": rss, "fds": len(os.listdir(f"/proc/{pid}/fd")), "processes": len(episode_pids()),
+            "cgroups": len([d for d in cgroups if d.startswith("vm-")]),
+            "temp_files": len([f for f in os.listdir(tmp) if f.startswith("agentvm") and "serve" not in f])}
+
+
+def settled_footprint(serve, pool):
+    """The footprint once only the pool's VMs run (stopped VMs have ended)."""
+    deadline = time.monotonic() + 60
+    while True:
+        wait_pool_ready(pool, sock=serve.sock)
+        m = metrics(serve.sock)
+        busy = metric(m, "agentvm_sandboxes", state="stopping") + metric(m, "agentvm_sandboxes", state="running")
+        if busy == 0:
+            footprint = serve_footprint(serve.proc.pid)
+            if footprint["processes"] == 2 * pool:  # an episode and its VMM each
+                return footprint
+        expect(time.monotonic() < deadline, f"VMs did not settle: {serve_footprint(serve.proc.pid)}")
+        time.sleep(0.2)
+
+
+def soak_no_leaks():
+    # 1000 on hardware KVM; emulated, each VM start takes ~1 s, so fewer (any per-create leak
+    # still shows as at least that many).
+    cycles = 200 if os.environ.get("AGENTVM_IN_TESTHOST") else 1000
+    warmup = 20
+    sock = os.path.join(TMP, "soak.sock")
+    serve = Serve(SERVE, "--listen", f"unix:{sock}", "--pool", "default=2", "--mem-reserve", "64")
+    serve.sock = sock
+    try:
+        serve.wait_listening(lambda: connect(sock))
+        start = time.monotonic()
+        for i in range(warmup + cycles):
+            if i == warmup:
+                before = settled_footprint(serve, 2)
+            s = create(sock=sock)
+            if i % 10 == 0:
+                r = exec_(s["id"], ["echo", str(i)], sock=sock)
+                expect(text(r, "stdout") == f"{i}\n", f"cycle {i}: {r}")
+            delete(s["id"], sock=sock)
+        after = settled_footprint(serve, 2)
+        elapsed = time.monotonic() - start
+        for key in ("fds", "processes", "cgroups", "temp_files"):
+            expect(after[key] == before[key], f"{key} grew over {cycles} creates: {before} -> {after}")
+        growth = after["rss_kib"] - before["rss_kib"]
+        expect(growth <= 2048, f"serve's RSS grew {growth} KiB over {cycles} creates: {before} -> {after}")
+    finally:
+        code = serve.stop()
+    expect(code == 0, f"serve exit {code}")
+    return (f"{cycles} creates/deletes in {elapsed:.0f} s: fds {after['fds']}, processes {after['processes']}, "
+            f"cgroups {after['cgroups']}, temp files {after['temp_files']} as before; RSS "
+            f"{before['rss_kib']} -> {after['rss_kib']} KiB")
+
+
 SHARED = [pool_warm_and_cold, state_within_not_across, big_file_both_ways, streaming, timeouts, vm_killed,
           errors, run_code, metrics_match]
-ALONE = [drain_with_call_in_flight, kill9_leaves_nothing]  # after the shared serve has stopped
+ALONE = [drain_with_call_in_flight, kill9_leaves_nothing, soak_no_leaks]  # after the shared serve has stopped
 
 
 def main():

@@ -296,6 +296,8 @@ def _cmd_script(argv, cwd, shares):
     if not tmpdir or not any((tmpdir + "/").startswith(s + "/") for s in shares):
         lines.append("export TMPDIR=/tmp")
     lines.append(f"export PWD={shlex.quote(cwd)}")
+    # Says to CMD that it runs emulated, where only relations between timings mean anything.
+    lines.append("export AGENTVM_IN_TESTHOST=1")
     lines.append("unset AGENTVM_TESTHOST_RUN_DIR 2>/dev/null")
     lines.append(f"cd {shlex.quote(cwd)} || exit 125")
     lines.append("exec " + " ".join(shlex.quote(a) for a in argv))

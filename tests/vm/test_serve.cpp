@@ -1,5 +1,5 @@
 // agentvm serve with real sandboxes: the pool's warm and cold paths, calls, files, timeouts,
-// a VMM killed, errors, metrics, drain and kill -9. The scenarios are in
+// a VMM killed, errors, /run_code, metrics, drain, kill -9 and a create/delete soak. The scenarios are in
 // tests/service/serve_check.py; this test runs it where a real guest boots and checks each.
 #include <doctest/doctest.h>
 
@@ -14,7 +14,7 @@ TEST_CASE("agentvm serve runs sandboxes from a warm pool and answers every call 
     INFO("stdout: " << r.out << "\nstderr: " << r.err);
     for (const char* name : {"pool_warm_and_cold", "state_within_not_across", "big_file_both_ways", "streaming",
                              "timeouts", "vm_killed", "errors", "run_code", "metrics_match", "drain_with_call_in_flight",
-                             "kill9_leaves_nothing"})
+                             "kill9_leaves_nothing", "soak_no_leaks"})
         CHECK_MESSAGE(r.out.find(std::string("ok ") + name + ":") != std::string::npos, name);
     CHECK(r.exit_code == 0);
 }
