@@ -2,8 +2,11 @@
 series of timings is summarised."""
 import math
 import os
+import shutil
 import statistics
+import subprocess
 import sys
+import tempfile
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 AGENTVM = os.path.join(REPO, "build/agentvm")
@@ -48,3 +51,55 @@ def summary_line(name, seconds, with_p99=True):
     tail = f"  p99 {p99(ms):9.3f}" if with_p99 else ""
     print(f"  {name:40s} median {statistics.median(ms):9.3f} ms{tail}  min {min(ms):9.3f}  max {max(ms):9.3f}")
     return statistics.median(ms)
+
+
+def local_install(with_serve=False):
+    """agentvm (and agentvm-serve, beside it) without debug info, the default guest and a
+    snapshot baked from them, in a temporary directory of this machine's /tmp; returns the
+    directory and the agentvm binary."""
+    home = tempfile.mkdtemp(prefix="agentvm-bench-")
+    os.makedirs(os.path.join(home, "guest"))
+    binary = os.path.join(home, "agentvm")
+    subprocess.run(["objcopy", "--strip-debug", AGENTVM, binary], check=True)
+    if with_serve:
+        subprocess.run(["objcopy", "--strip-debug", AGENTVM + "-serve", binary + "-serve"], check=True)
+    for name in ("vmlinux", "rootfs.ext4"):
+        shutil.copyfile(os.path.join(REPO, "build/guest", name), os.path.join(home, "guest", name))
+    r = subprocess.run([binary, "--log-level", "warn", "snapshot", "bake", "--out",
+                        os.path.join(home, "guest/snapshot"), "--boot-timeout", "300"],
+                       stdin=subprocess.DEVNULL, capture_output=True)
+    if r.returncode != 0:
+        sys.exit(f"bench: FAILED: baking the local snapshot: {r.stderr.decode(errors='replace')[-1500:]}")
+    return home, binary
+
+
+def process_tree(pid):
+    """pid and every process below it."""
+    pids = [pid]
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{tid}/children") as f:
+            for child in f.read().split():
+                pids += process_tree(int(child))
+    return pids
+
+
+def smaps_rollup(pid):
+    """kB figures of /proc/PID/smaps_rollup, by field name, summed over agentvm's processes (the
+    supervisor and the jailed VMM it runs)."""
+    fields = {}
+    for member in process_tree(pid):
+        with open(f"/proc/{member}/smaps_rollup") as f:
+            for line in f:
+                parts = line.split()
+                if len(parts) == 3 and parts[2] == "kB":
+                    key = parts[0].rstrip(":")
+                    fields[key] = fields.get(key, 0) + int(parts[1])
+    return fields
+
+
+def mem_available_kib():
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1])
+    sys.exit("bench: FAILED: no MemAvailable in /proc/meminfo")

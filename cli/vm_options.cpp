@@ -144,6 +144,10 @@ void VmOptions::add_to(CLI::App& command)
     command.add_option("--cpu-quota", cpu_quota_,
                        "host CPU time the VMM may use, in cores (default: one per vCPU; 0: no quota)")
         ->check(bounded_number(max_cpu_quota_cores, "cores"));
+    command.add_option("--cpu-weight", cpu_weight_,
+                       "the VMM's share of contended host CPU against other VMMs, 1-10000 (cgroup cpu.weight; "
+                       "default 100); agentvm serve starts its pool's VMs low")
+        ->check(CLI::Range(1u, 10000u));
     command.add_option("--vmm-mem", vmm_mem_mib_,
                        fmt::format("host memory the VMM may use in MiB, guest memory included (default: --mem + {}, "
                                    "plus the disk's size when TMPDIR is tmpfs; 0: no limit)",
@@ -261,6 +265,7 @@ void VmOptions::apply_limits(const VmConfig& config) const
     }
     limits.memory_bytes = mem_mib * layout::mib;
     limits.max_pids = vmm_max_tasks;
+    limits.cpu_weight = cpu_weight_;
     cgroup_->limit(limits);
 }
 

@@ -54,7 +54,7 @@ public:
     // jailed child process (run_jailed); these are for that child.
     bool jailed() const { return !no_jail_; }
     // The cgroup the supervisor made for this VMM, or none: --cpu-quota 0 --vmm-mem 0.
-    bool wants_cgroup() const { return cpu_quota_ != 0 || vmm_mem_mib_ != 0; }
+    bool wants_cgroup() const { return cpu_quota_ != 0 || vmm_mem_mib_ != 0 || cpu_weight_ != 0; }
     void attach_cgroup(VmCgroup* cgroup) { cgroup_ = cgroup; }
     // Once the VM's vCPU count and memory size are known (a snapshot may set them): the
     // cgroup limits. Throws Error for a --vmm-mem too small for the guest.
@@ -87,6 +87,7 @@ private:
     bool cold_ = false;
     bool no_jail_ = false;
     double cpu_quota_ = -1;         // unset: one core per vCPU
+    unsigned cpu_weight_ = 0;       // unset: the cgroup's default
     int64_t vmm_mem_mib_ = -1;      // unset: guest memory + vmm_overhead_mib
     double episode_timeout_s_ = 3600;
     VmCgroup* cgroup_ = nullptr;

@@ -83,6 +83,7 @@ public:
     const std::string& pool() const { return pool_; }
     bool ready() const { return ready_; }
     bool restored() const { return restored_; }
+    pid_t pid() const { return episode_->pid(); }
     bool stopping() const { return !stop_reason_.empty(); }
     size_t running_calls() const { return calls_.size(); }
     Clock::time_point started() const { return started_; }

@@ -10,6 +10,7 @@
 #include <spdlog/spdlog.h>
 
 #include "common/error.hpp"
+#include "service/vm_priority.hpp"
 
 namespace agentvm {
 namespace {
@@ -46,6 +47,7 @@ SandboxManager::SandboxManager(EventLoop& loop, ManagerConfig config)
           check_drained();
       })
 {
+    cpu_weights_ = cpu_weights_supported();
     for (const PoolConfig& pool : config_.pools)
         pools_[pool.name].config = pool;
     refill();
@@ -94,16 +96,21 @@ std::string SandboxManager::new_id() const
     }
 }
 
-SandboxManager::Vm& SandboxManager::start_vm(Pool& pool)
+SandboxManager::Vm& SandboxManager::start_vm(Pool& pool, bool for_pool)
 {
+    std::vector<std::string> args = pool.config.episode_args;
+    if (for_pool && cpu_weights_)
+        args.insert(args.end(), {"--cpu-weight", std::to_string(pool_cpu_weight)});
     auto sandbox = std::make_shared<Sandbox>(
-        loop_, pool.config.name, config_.program, pool.config.episode_args, config_.history_limit,
+        loop_, pool.config.name, config_.program, args, config_.history_limit,
         Sandbox::Hooks{[this](Sandbox& s, bool) { on_ready(s); },
                        [this](Sandbox& s, const std::string& why) { on_exit(s, why); }});
     Sandbox* key = sandbox.get();
     Vm& vm = vms_[key];
     vm.sandbox = std::move(sandbox);
     vm.pool = &pool;
+    vm.refill = for_pool;
+    vm.low_weight = for_pool && cpu_weights_;
     return vm;
 }
 
@@ -169,7 +176,7 @@ void SandboxManager::create(const std::string& pool_name, Sandbox::Settings sett
     }
     Vm* vm = nullptr;
     try {
-        vm = &start_vm(*pool);
+        vm = &start_vm(*pool, false);
     } catch (const Error& e) {
         ++failures_["start_failed"];
         const Refusal refusal{500, "start_failed", e.what(), std::nullopt};
@@ -188,6 +195,10 @@ void SandboxManager::hand_out(Vm& vm, Sandbox::Settings settings, Sandbox::Clock
     create_latency_.observe(seconds_since(requested));
     ++(warm ? vm.pool->created_warm : vm.pool->created_cold);
     vm.refill = false;
+    if (vm.low_weight) {
+        restore_cpu_weight(vm.sandbox->pid());
+        vm.low_weight = false;
+    }
     by_id_[settings.id] = vm.sandbox.get();
     vm.sandbox->assign(std::move(settings));
     spdlog::info("sandbox {} created ({}, pool {})", vm.sandbox->id(), warm ? "warm" : "cold", vm.pool->config.name);
@@ -264,8 +275,7 @@ void SandboxManager::refill()
             if (host_available_mib() < config_.mem_reserve_mib)
                 return;
             try {
-                Vm& vm = start_vm(pool);
-                vm.refill = true;
+                start_vm(pool, true);
                 ++pool.starting;
             } catch (const Error& e) {
                 spdlog::error("pool {}: {}", name, e.what());

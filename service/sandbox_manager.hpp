@@ -89,7 +89,8 @@ private:
     struct Vm {
         std::shared_ptr<Sandbox> sandbox;
         Pool* pool;
-        bool refill = false;  // started to become warm, not for a waiting create
+        bool refill = false;      // started to become warm, not for a waiting create
+        bool low_weight = false;  // started at pool_cpu_weight
         CreateDone waiting;   // the create a cold start is for
         Sandbox::Settings settings;
         Sandbox::Clock::time_point requested{};
@@ -98,7 +99,8 @@ private:
     Pool* pool_named(const std::string& name);
     // VMs that count against max_sandboxes: all but those on their way out.
     size_t live_vms() const;
-    Vm& start_vm(Pool& pool);
+    // for_pool: a refill's VM, started at the pool's low CPU weight.
+    Vm& start_vm(Pool& pool, bool for_pool);
     void on_ready(Sandbox& sandbox);
     void on_exit(Sandbox& sandbox, const std::string& why);
     void hand_out(Vm& vm, Sandbox::Settings settings, Sandbox::Clock::time_point requested, bool warm);
@@ -120,6 +122,7 @@ private:
     LoopTimer bury_timer_;
     LoopTimer sweep_timer_;
     LoopTimer drain_timer_;
+    bool cpu_weights_ = false;
     bool draining_ = false;
     bool drain_grace_over_ = false;
     std::function<void()> drained_;

@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <charconv>
 #include <chrono>
@@ -233,6 +234,12 @@ void VmCgroup::limit(const CgroupLimits& limits) const
                    fmt::format("{}", limits.memory_bytes));
     if (limits.max_pids > 0)
         write_file(dir_for("pids") + "/pids.max", fmt::format("{}", limits.max_pids));
+    if (limits.cpu_weight > 0) {
+        if (unified_)
+            write_file(dir_for("cpu") + "/cpu.weight", fmt::format("{}", limits.cpu_weight));
+        else  // v1's cpu.shares: 1024 is v2's 100
+            write_file(dir_for("cpu") + "/cpu.shares", fmt::format("{}", std::max(2u, limits.cpu_weight * 1024 / 100)));
+    }
 }
 
 bool VmCgroup::memory_limit_hit() const

@@ -32,6 +32,7 @@ struct CgroupLimits {
     double cpu_cores = 0;      // CPU quota in cores (0: none)
     uint64_t memory_bytes = 0; // hard limit on the VMM's memory, guest RAM included (0: none)
     uint64_t max_pids = 0;     // threads and processes (0: none)
+    unsigned cpu_weight = 0;   // share of contended CPU, 1-10000 as v2's cpu.weight (0: default)
 };
 
 class VmCgroup {

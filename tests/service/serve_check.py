@@ -143,6 +143,19 @@ def children(pid):
         return []
 
 
+def cpu_weights(episode):
+    """cpu.weight of the cgroup of each VMM of an episode (cgroup v2), or None without v2."""
+    if not os.path.exists("/sys/fs/cgroup/cgroup.controllers"):
+        return None
+    weights = []
+    for vmm in children(episode):
+        with open(f"/proc/{vmm}/cgroup") as f:
+            group = next(line[3:].strip() for line in f if line.startswith("0::"))
+        with open(f"/sys/fs/cgroup{group}/cpu.weight") as f:
+            weights.append(int(f.read()))
+    return weights
+
+
 def wait_no_agentvm(within=30):
     deadline = time.monotonic() + within
     while episode_pids():
@@ -174,11 +187,20 @@ def pool_warm_and_cold():
     expect(sorted(r["metadata"]["n"] for r in results) == [str(i) for i in range(5)], "metadata lost")
     listed = ok_json("GET", "/v1/sandboxes")["sandboxes"]
     expect({s["id"] for s in listed} >= {r["id"] for r in results}, "a created sandbox is not listed")
+    # Refill yields to demand: the pool's VMs run at a low CPU weight, handed-out ones at the default.
+    weights = [cpu_weights(r["pid"]) for r in results]
+    expect(all(w is None or w == [100] for w in weights), f"handed-out VMs' cpu.weight: {weights}")
+    assigned = {r["pid"] for r in results}
+    wait_pool_ready(POOL)
+    pool_weights = [cpu_weights(pid) for pid in children(STATE["serve_pid"]) if pid not in assigned]
+    expect(len(pool_weights) >= POOL and all(w is None or w == [10] for w in pool_weights),
+           f"the pool's VMs' cpu.weight: {pool_weights}")
     warm_ms = sorted(r["create_ms"] for r in results if r["start"] == "warm")
     cold_ms = sorted(r["create_ms"] for r in results if r["start"] == "cold")
     for r in results:
         delete(r["id"])
-    return f"3 warm ({warm_ms} ms) and 2 cold ({cold_ms} ms), all restored, listed, deleted"
+    return (f"3 warm ({warm_ms} ms) and 2 cold ({cold_ms} ms), all restored, listed, deleted; cpu.weight "
+            f"{weights[0]} handed out, {pool_weights[0]} in the pool")
 
 
 def state_within_not_across():
@@ -531,6 +553,7 @@ def main():
     serve = Serve(SERVE, "--listen", f"unix:{SOCKET}", "--pool", f"default={POOL}", "--max-sandboxes",
                   str(MAX_SANDBOXES), "--mem-reserve", "64", log_level="info")
     failed = 0
+    STATE["serve_pid"] = serve.proc.pid
     try:
         serve.wait_listening(connect)
         for case in SHARED:
