@@ -12,6 +12,7 @@
 #include "cli/exit_codes.hpp"
 #include "cli/logging.hpp"
 #include "cli/run_command.hpp"
+#include "cli/plan_command.hpp"
 #include "cli/serve_command.hpp"
 #include "cli/snapshot_command.hpp"
 #include "common/error.hpp"
@@ -47,6 +48,7 @@ int run_command_line(int argc, char** argv)
         add_boot_command(app),
         add_snapshot_command(app),
         add_serve_command(app),
+        add_plan_command(app),
     };
 
     try {

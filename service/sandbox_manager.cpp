@@ -223,6 +223,31 @@ void SandboxManager::on_ready(Sandbox& sandbox)
         sandbox.stop("not needed in the pool");
         return;
     }
+    if (!config_.pool_warmup)
+        return add_warm(pool, sandbox);
+    std::weak_ptr<Sandbox> weak = vm.sandbox;
+    ++pool.warming;
+    sandbox.call(Json{{"op", "exec"}, {"argv", {"true"}}}, std::nullopt,
+                 CallHandlers{[](Json&&) {}, [this, weak, &pool](Json&& answer) {
+                                  --pool.warming;
+                                  auto warmed = weak.lock();
+                                  if (!warmed || warmed->stopping())
+                                      return;
+                                  if (answer.value("exit_code", 1) != 0) {
+                                      spdlog::error("pool {}: the warm-up call failed: {}", pool.config.name,
+                                                    answer.dump());
+                                      return warmed->stop("its warm-up call failed");
+                                  }
+                                  add_warm(pool, *warmed);
+                              }});
+}
+
+void SandboxManager::add_warm(Pool& pool, Sandbox& sandbox)
+{
+    if (draining_ || pool.warm.size() >= pool.config.target) {
+        sandbox.stop("not needed in the pool");
+        return;
+    }
     pool.warm.push_back(&sandbox);
     refill();
 }
@@ -270,7 +295,7 @@ void SandboxManager::refill()
         return;
     const auto now = Sandbox::Clock::now();
     for (auto& [name, pool] : pools_) {
-        while (pool.warm.size() + pool.starting < pool.config.target && pool.starting < config_.refill_concurrency
+        while (pool.warm.size() + pool.starting + pool.warming < pool.config.target && pool.starting < config_.refill_concurrency
                && now >= pool.next_refill && live_vms() < config_.max_sandboxes) {
             if (host_available_mib() < config_.mem_reserve_mib)
                 return;

@@ -36,6 +36,9 @@ struct ManagerConfig {
     uint64_t mem_reserve_mib = 1024;
     unsigned refill_concurrency = 2;
     size_t history_limit = 256;
+    // Each pool VM runs one `exec true` before it counts as ready: a sandbox's first call is
+    // then as fast as its later ones, at the cost of the pages that call leaves written.
+    bool pool_warmup = false;
 };
 
 // Why a create could not be served: the HTTP status and error it becomes.
@@ -81,6 +84,7 @@ private:
         PoolConfig config;
         std::deque<Sandbox*> warm;  // ready, not handed out
         unsigned starting = 0;      // refills under way
+        unsigned warming = 0;       // ready, running the warm-up call
         unsigned failures_in_row = 0;
         Sandbox::Clock::time_point next_refill{};
         uint64_t created_warm = 0;
@@ -102,6 +106,7 @@ private:
     // for_pool: a refill's VM, started at the pool's low CPU weight.
     Vm& start_vm(Pool& pool, bool for_pool);
     void on_ready(Sandbox& sandbox);
+    void add_warm(Pool& pool, Sandbox& sandbox);
     void on_exit(Sandbox& sandbox, const std::string& why);
     void hand_out(Vm& vm, Sandbox::Settings settings, Sandbox::Clock::time_point requested, bool warm);
     std::optional<Refusal> admit(Pool& pool);

@@ -543,9 +543,60 @@ def soak_no_leaks():
             f"{before['rss_kib']} -> {after['rss_kib']} KiB")
 
 
+def first_exec_number(*flags):
+    """N of the cgroup (/tool-calls/exec-N) the first exec of a sandbox runs in: the guest agent
+    numbers its execs, so one more means one call ran before."""
+    sock = os.path.join(TMP, "warmup.sock")
+    serve = Serve(SERVE, "--listen", f"unix:{sock}", "--pool", "default=1", "--mem-reserve", "64", *flags)
+    try:
+        serve.wait_listening(lambda: connect(sock))
+        wait_pool_ready(1, sock=sock)
+        s = create(sock=sock)
+        expect(s["start"] == "warm", f"created: {s}")
+        r = exec_(s["id"], ["cat", "/proc/self/cgroup"], sock=sock)
+        history = ok_json("GET", f"/v1/sandboxes/{s['id']}/history", sock=sock)["calls"]
+        expect(len(history) == 1 and history[0]["request"]["argv"][0] == "cat", f"history: {history}")
+    finally:
+        code = serve.stop()
+    expect(code == 0, f"serve exit {code}")
+    group = text(r, "stdout").strip().rsplit("/", 1)[-1]
+    expect(group.startswith("exec-"), f"cgroup {text(r, 'stdout')!r}")
+    return int(group[len("exec-"):])
+
+
+def pool_warmup():
+    plain = first_exec_number()
+    primed = first_exec_number("--pool-warmup")
+    expect(primed == plain + 1, f"first exec is exec-{primed} with --pool-warmup, exec-{plain} without")
+    return f"exec-{plain} first without, exec-{primed} with: one warm-up call ran, kept out of the history"
+
+
+def plan_calibrates():
+    agentvm = os.path.join(os.path.dirname(SERVE), "agentvm")
+    r = subprocess.run([agentvm, "--log-level", "warn", "plan", "--gpus", "8", "--rollouts-per-gpu", "4",
+                        "--tool-steps", "5", "--step-time", "2", "--episode-length", "100",
+                        "--calibration-runs", "1", "--calls", "3", "--json"],
+                       stdin=subprocess.DEVNULL, capture_output=True, timeout=600)
+    expect(r.returncode == 0, f"plan: exit {r.returncode}, {r.stderr.decode(errors='replace')[-2000:]}")
+    out = json.loads(r.stdout)
+    measured, plan = out["measured"], out["plan"]
+    expect(measured["restored"] is True and 0 < measured["restore_s"] < 120, f"measured: {measured}")
+    expect(0.5 < measured["idle_private_mib"] < 64 and 0 < measured["call_cpu_s"] < 10, f"measured: {measured}")
+    expect(plan["concurrent_sandboxes"] == 32 and plan["warm_pool_burst"] == 32, f"plan: {plan}")
+    expect(abs(plan["creates_per_s"] - 0.32) < 1e-9 and abs(plan["calls_per_s"] - 1.6) < 1e-9, f"plan: {plan}")
+    expected_gib = 64 * measured["idle_private_mib"] / 1024
+    expect(abs(plan["idle_memory_gib"] - expected_gib) < 1e-9, f"memory: {plan} vs {expected_gib}")
+    cores = 1.6 * (2 + measured["call_cpu_s"]) + 0.32 * measured["restore_cpu_s"]
+    expect(abs(plan["cores"] - cores) < 1e-9, f"cores: {plan} vs {cores}")
+    r = subprocess.run([agentvm, "plan"], stdin=subprocess.DEVNULL, capture_output=True, timeout=60)
+    expect(r.returncode == 2 and b"--gpus is required" in r.stderr, f"no --gpus: {r.returncode} {r.stderr!r}")
+    return (f"calibrated: start {measured['restore_s'] * 1000:.0f} ms, {measured['idle_private_mib']:.2f} MiB idle, "
+            f"{measured['call_cpu_s'] * 1000:.1f} ms CPU per call; plan arithmetic checked")
+
+
 SHARED = [pool_warm_and_cold, state_within_not_across, big_file_both_ways, streaming, timeouts, vm_killed,
           errors, run_code, metrics_match]
-ALONE = [drain_with_call_in_flight, kill9_leaves_nothing, soak_no_leaks]  # after the shared serve has stopped
+ALONE = [drain_with_call_in_flight, kill9_leaves_nothing, soak_no_leaks, pool_warmup, plan_calibrates]  # after the shared serve has stopped
 
 
 def main():
