@@ -151,8 +151,8 @@ SandboxCosts calibrate(const std::string& program, int runs, int calls)
     SandboxCosts costs;
     for (int i = 0; i < runs; ++i) {
         const RunCosts run = measure_one(program, calls);
-        spdlog::info("calibration run {}/{}: ready in {:.0f} ms, {:.2f} MiB private idle, {:.2f} ms CPU per call", i + 1,
-                     runs, run.restore_s * 1000, run.idle_private_mib, run.call_cpu_s * 1000);
+        spdlog::info("calibration run {}/{}: ready in {:.0f} ms, {:.2f} MiB private idle, {:.2f} ms CPU per call",
+                     i + 1, runs, run.restore_s * 1000, run.idle_private_mib, run.call_cpu_s * 1000);
         restore.push_back(run.restore_s);
         restore_cpu.push_back(run.restore_cpu_s);
         memory.push_back(run.idle_private_mib);

@@ -123,7 +123,9 @@ Subcommand add_plan_command(CLI::App& app)
     plan->add_option("--calibration-runs", options->calibration_runs, "VMs the calibration runs, one after another")
         ->capture_default_str()
         ->check(CLI::Range(1, 100));
-    plan->add_option("--calls", options->calls, "calls per calibration VM")->capture_default_str()->check(CLI::Range(1, 10000));
+    plan->add_option("--calls", options->calls, "calls per calibration VM")
+        ->capture_default_str()
+        ->check(CLI::Range(1, 10000));
     plan->add_flag("--json", options->json, "print the plan as JSON");
     return {plan, [options] { return run_plan(*options); }};
 }

@@ -295,8 +295,8 @@ void SandboxManager::refill()
         return;
     const auto now = Sandbox::Clock::now();
     for (auto& [name, pool] : pools_) {
-        while (pool.warm.size() + pool.starting + pool.warming < pool.config.target && pool.starting < config_.refill_concurrency
-               && now >= pool.next_refill && live_vms() < config_.max_sandboxes) {
+        while (pool.warm.size() + pool.starting + pool.warming < pool.config.target
+               && pool.starting < config_.refill_concurrency && now >= pool.next_refill && live_vms() < config_.max_sandboxes) {
             if (host_available_mib() < config_.mem_reserve_mib)
                 return;
             try {

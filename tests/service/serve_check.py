@@ -596,7 +596,8 @@ def plan_calibrates():
 
 SHARED = [pool_warm_and_cold, state_within_not_across, big_file_both_ways, streaming, timeouts, vm_killed,
           errors, run_code, metrics_match]
-ALONE = [drain_with_call_in_flight, kill9_leaves_nothing, soak_no_leaks, pool_warmup, plan_calibrates]  # after the shared serve has stopped
+# After the shared serve has stopped: these count every agentvm process of the machine.
+ALONE = [drain_with_call_in_flight, kill9_leaves_nothing, soak_no_leaks, pool_warmup, plan_calibrates]
 
 
 def main():
