@@ -21,8 +21,19 @@ public:
     {
     }
 
+    ~Upload()
+    {
+        if (auto sandbox = sandbox_.lock(); sandbox && claimed_)
+            sandbox->release_upload(path_);
+    }
+
     void start()
     {
+        if (!sandbox_.lock()->claim_upload(path_))
+            return exchange_->respond_error(409, "upload_in_progress",
+                                            fmt::format("{} is being uploaded already; wait for that upload to end",
+                                                        path_));
+        claimed_ = true;
         Json summary{{"op", "write_file"}, {"path", path_}};
         if (mode_)
             summary["mode"] = *mode_;
@@ -111,6 +122,7 @@ private:
     bool sent_any_ = false;
     bool ended_ = false;
     bool failed_ = false;
+    bool claimed_ = false;
 };
 
 } // namespace

@@ -13,6 +13,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 
 #include "protocol/agent_protocol.hpp"
@@ -60,6 +61,10 @@ public:
     // Starts a call; `summary` is what its history entry records of the request (none: the
     // call is part of one the caller records itself). Returns the call's number, for forget().
     uint64_t call(Json request, std::optional<Json> summary, CallHandlers handlers);
+    // A file being uploaded: a second upload to the same path, whose chunks would interleave
+    // with the first's, is refused while it runs (false).
+    bool claim_upload(const std::string& path) { return uploads_.insert(path).second; }
+    void release_upload(const std::string& path) { uploads_.erase(path); }
     // A history entry for a call made of several (a file upload in chunks).
     uint64_t record(Json summary) { return history_.begin(std::move(summary)); }
     void record_end(uint64_t seq, const Json& answer) { history_.end(seq, answer); }
@@ -108,6 +113,7 @@ private:
     Settings settings_;
     std::unique_ptr<EpisodeProcess> episode_;
     std::map<uint64_t, Call> calls_;
+    std::set<std::string> uploads_;
     uint64_t next_call_ = 1;
     CallHistory history_;
     bool ready_ = false;

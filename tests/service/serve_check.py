@@ -344,6 +344,26 @@ def errors():
     expect(r.status == 413 and json_error(r.read()) == "body_too_large", f"2 MiB body: {r.status}")
     cases.append("413 body_too_large")
     check("GET", f"/v1/sandboxes/{s['id']}/files", None, 400, "missing_field")
+    # An upload whose body has not all arrived holds its path: a second one is refused.
+    slow = connect()
+    slow.putrequest("PUT", f"/v1/sandboxes/{s['id']}/files?path=/tmp/slow")
+    slow.putheader("Content-Length", "10")
+    slow.endheaders()
+    slow.send(b"12345")
+    deadline = time.monotonic() + 60
+    while True:
+        got, _, data = request("PUT", f"/v1/sandboxes/{s['id']}/files?path=/tmp/slow", b"other")
+        if got == 409 or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)  # the first upload's headers may not have been served yet
+    expect(got == 409 and json_error(data) == "upload_in_progress", f"second upload: {got} {data!r}")
+    cases.append("409 upload_in_progress")
+    slow.send(b"67890")
+    r = slow.getresponse()
+    expect(r.status == 200 and json.loads(r.read())["bytes"] == 10, f"the first upload: {r.status}")
+    r = exec_(s["id"], ["cat", "/tmp/slow"])
+    expect(text(r, "stdout") == "1234567890", f"uploaded: {r}")
+    STATE["calls"] += 1
     r = exec_(s["id"], ["sh", "-c", "sleep 10"], timeout=1)
     expect(r["timed_out"] is True, f"timeout: {r}")
     STATE["calls"] += 2  # the call answered not_found counts as a call too
@@ -543,6 +563,24 @@ def soak_no_leaks():
             f"{before['rss_kib']} -> {after['rss_kib']} KiB")
 
 
+def memory_reserve_refuses():
+    sock = os.path.join(TMP, "reserve.sock")
+    serve = Serve(SERVE, "--listen", f"unix:{sock}", "--pool", "default=1", "--mem-reserve", "100000000")
+    try:
+        serve.wait_listening(lambda: connect(sock))
+        status, headers, data = request("POST", "/v1/sandboxes", {}, sock=sock)
+        expect(status == 503 and json_error(data) == "memory_reserve" and headers.get("Retry-After") == "5",
+               f"create under the reserve: {status} {headers} {data!r}")
+        m = metrics(sock)
+        expect(metric(m, "agentvm_sandboxes", state="starting") + metric(m, "agentvm_sandboxes", state="warm") == 0,
+               "the pool refilled into the reserve")
+        expect(metric(m, "agentvm_create_refusals_total", code="memory_reserve") == 1, "refusal not counted")
+    finally:
+        code = serve.stop()
+    expect(code == 0, f"serve exit {code}")
+    return "503 memory_reserve with Retry-After 5, no VM started, the refusal counted"
+
+
 def first_exec_number(*flags):
     """N of the cgroup (/tool-calls/exec-N) the first exec of a sandbox runs in: the guest agent
     numbers its execs, so one more means one call ran before."""
@@ -597,7 +635,8 @@ def plan_calibrates():
 SHARED = [pool_warm_and_cold, state_within_not_across, big_file_both_ways, streaming, timeouts, vm_killed,
           errors, run_code, metrics_match]
 # After the shared serve has stopped: these count every agentvm process of the machine.
-ALONE = [drain_with_call_in_flight, kill9_leaves_nothing, soak_no_leaks, pool_warmup, plan_calibrates]
+ALONE = [drain_with_call_in_flight, kill9_leaves_nothing, soak_no_leaks, memory_reserve_refuses, pool_warmup,
+         plan_calibrates]
 
 
 def main():

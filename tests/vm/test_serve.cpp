@@ -14,7 +14,7 @@ TEST_CASE("agentvm serve runs sandboxes from a warm pool and answers every call 
     INFO("stdout: " << r.out << "\nstderr: " << r.err);
     for (const char* name : {"pool_warm_and_cold", "state_within_not_across", "big_file_both_ways", "streaming",
                              "timeouts", "vm_killed", "errors", "run_code", "metrics_match", "drain_with_call_in_flight",
-                             "kill9_leaves_nothing", "soak_no_leaks", "pool_warmup",
+                             "kill9_leaves_nothing", "soak_no_leaks", "memory_reserve_refuses", "pool_warmup",
                              "plan_calibrates"})
         CHECK_MESSAGE(r.out.find(std::string("ok ") + name + ":") != std::string::npos, name);
     CHECK(r.exit_code == 0);
