@@ -551,8 +551,10 @@ def soak_no_leaks():
             delete(s["id"], sock=sock)
         after = settled_footprint(serve, 2)
         elapsed = time.monotonic() - start
-        for key in ("fds", "processes", "cgroups", "temp_files"):
-            expect(after[key] == before[key], f"{key} grew over {cycles} creates: {before} -> {after}")
+        for key in ("fds", "processes", "temp_files"):
+            expect(after[key] == before[key], f"{key} changed over {cycles} creates: {before} -> {after}")
+        # Fewer is no leak: groups that supervisors killed earlier left are removed as VMs start.
+        expect(after["cgroups"] <= before["cgroups"], f"cgroups grew over {cycles} creates: {before} -> {after}")
         growth = after["rss_kib"] - before["rss_kib"]
         expect(growth <= 2048, f"serve's RSS grew {growth} KiB over {cycles} creates: {before} -> {after}")
     finally:
@@ -635,7 +637,7 @@ def plan_calibrates():
 SHARED = [pool_warm_and_cold, state_within_not_across, big_file_both_ways, streaming, timeouts, vm_killed,
           errors, run_code, metrics_match]
 # After the shared serve has stopped: these count every agentvm process of the machine.
-ALONE = [drain_with_call_in_flight, kill9_leaves_nothing, soak_no_leaks, memory_reserve_refuses, pool_warmup,
+ALONE = [drain_with_call_in_flight, soak_no_leaks, kill9_leaves_nothing, memory_reserve_refuses, pool_warmup,
          plan_calibrates]
 
 
