@@ -9,9 +9,12 @@ pool of 3, in order; the drain and kill -9 cases start serves of their own.
 """
 import base64
 import hashlib
+import http.client
 import json
 import os
+import select
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -318,6 +321,21 @@ def vm_killed():
     return "the pending call failed with vm_died (502), the sandbox is gone, the pool refilled"
 
 
+def put_refused_at_headers(path, body):
+    """A PUT whose body is sent only if serve has not answered its headers within 2 s (serve
+    refuses an upload before its body and then closes the connection, so a client that sent the
+    body regardless could see a broken pipe instead of the answer). Returns (status, body)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(60)
+        sock.connect(SOCKET)
+        sock.sendall(f"PUT {path} HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n".encode())
+        if not select.select([sock], [], [], 2)[0]:
+            sock.sendall(body)
+        response = http.client.HTTPResponse(sock)
+        response.begin()
+        return response.status, response.read()
+
+
 def errors():
     cases = []
 
@@ -352,7 +370,7 @@ def errors():
     slow.send(b"12345")
     deadline = time.monotonic() + 60
     while True:
-        got, _, data = request("PUT", f"/v1/sandboxes/{s['id']}/files?path=/tmp/slow", b"other")
+        got, data = put_refused_at_headers(f"/v1/sandboxes/{s['id']}/files?path=/tmp/slow", b"other")
         if got == 409 or time.monotonic() > deadline:
             break
         time.sleep(0.1)  # the first upload's headers may not have been served yet
