@@ -169,11 +169,7 @@ void ServiceApi::sandbox_request(const std::shared_ptr<HttpExchange>& exchange, 
         const Json body = json_body(*exchange);
         if (!body.contains("timeout") || body.size() != 1)
             throw ApiError(400, "bad_field", "the body is {\"timeout\": SECONDS}");
-        const Json value = body["timeout"];
-        if (!value.is_number() || value.get<double>() < 1 || value.get<double>() > max_sandbox_timeout_s)
-            throw ApiError(400, "bad_field",
-                           fmt::format("\"timeout\" must be a number of seconds from 1 to {}", max_sandbox_timeout_s));
-        sandbox->set_timeout(std::chrono::seconds(std::llround(value.get<double>())));
+        sandbox->set_timeout(sandbox_seconds(body["timeout"], "timeout"));
         return exchange->respond(200, json_text(sandbox->describe()));
     }
     if (action == "history") {

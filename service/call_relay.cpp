@@ -87,8 +87,14 @@ void relay_call(SandboxManager& manager, const std::shared_ptr<Sandbox>& sandbox
         }
     };
     const uint64_t call = sandbox->call(std::move(request), std::move(summary), std::move(handlers));
+    forget_call_when_gone(*exchange, sandbox, call, std::move(pacer));
+}
+
+void forget_call_when_gone(HttpExchange& exchange, const std::shared_ptr<Sandbox>& sandbox, uint64_t call,
+                           std::shared_ptr<StreamPacer> pacer)
+{
     std::weak_ptr<Sandbox> weak = sandbox;
-    exchange->on_gone([weak, call, pacer] {
+    exchange.on_gone([weak, call, pacer = std::move(pacer)] {
         pacer->release();
         if (auto s = weak.lock())
             s->forget(call);

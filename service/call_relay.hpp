@@ -22,6 +22,12 @@ void respond_agent_error(HttpExchange& exchange, const Json& answer);
 void relay_call(SandboxManager& manager, const std::shared_ptr<Sandbox>& sandbox,
                 const std::shared_ptr<HttpExchange>& exchange, Json request, Json summary, bool stream);
 
+class StreamPacer;
+// When the client goes away before the call answered: its pacer lets go of the sandbox's
+// output, and the sandbox forgets the call (which runs on in the guest, recorded).
+void forget_call_when_gone(HttpExchange& exchange, const std::shared_ptr<Sandbox>& sandbox, uint64_t call,
+                           std::shared_ptr<StreamPacer> pacer);
+
 // Backpressure for an answer streamed to a slow client: after a write, holds the sandbox's
 // output while more than high_water is unread, until it drains below low_water.
 class StreamPacer {

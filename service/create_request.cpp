@@ -7,15 +7,15 @@
 #include "service/api_error.hpp"
 
 namespace agentvm {
-namespace {
-
-std::chrono::seconds seconds_field(const Json& value, const char* name)
+std::chrono::seconds sandbox_seconds(const Json& value, const char* name)
 {
     if (!value.is_number() || !std::isfinite(value.get<double>()) || value.get<double>() < 1
         || value.get<double>() > max_sandbox_timeout_s)
         throw_bad_field(fmt::format("\"{}\" must be a number of seconds from 1 to {}", name, max_sandbox_timeout_s));
     return std::chrono::seconds(std::llround(value.get<double>()));
 }
+
+namespace {
 
 bool valid_env_name(const std::string& name)
 {
@@ -43,10 +43,10 @@ CreateRequest parse_create_request(const std::string& body)
                 throw_bad_field("\"pool\" must be a non-empty string");
             request.pool = value.get<std::string>();
         } else if (key == "timeout") {
-            request.settings.timeout = seconds_field(value, "timeout");
+            request.settings.timeout = sandbox_seconds(value, "timeout");
         } else if (key == "idle_timeout") {
             if (!value.is_null())
-                request.settings.idle_timeout = seconds_field(value, "idle_timeout");
+                request.settings.idle_timeout = sandbox_seconds(value, "idle_timeout");
         } else if (key == "env") {
             if (!value.is_object() || value.size() > max_env_entries)
                 throw_bad_field(fmt::format("\"env\" must be an object of at most {} strings", max_env_entries));

@@ -170,12 +170,7 @@ void start_download(const std::shared_ptr<Sandbox>& sandbox, const std::shared_p
     };
     const uint64_t call = sandbox->call(Json{{"op", "read_file"}, {"path", path}},
                                         Json{{"op", "read_file"}, {"path", path}}, std::move(handlers));
-    std::weak_ptr<Sandbox> weak = sandbox;
-    exchange->on_gone([weak, call, pacer] {
-        pacer->release();
-        if (auto s = weak.lock())
-            s->forget(call);
-    });
+    forget_call_when_gone(*exchange, sandbox, call, std::move(pacer));
 }
 
 } // namespace agentvm

@@ -18,27 +18,12 @@
 #include "core/event_loop.hpp"
 #include "core/loop_timer.hpp"
 #include "service/episode_process.hpp"
+#include "tests/support/fake_agentvm.hpp"
 
 using namespace agentvm;
+using agentvm::test::FakeAgentvm;
 
 namespace {
-
-// A stand-in for agentvm, removed at the end: BODY runs with the arguments agentvm would get.
-struct FakeAgentvm {
-    std::string dir;
-    std::string path;
-
-    explicit FakeAgentvm(const std::string& body)
-    {
-        char name[] = "/tmp/agentvm-episode-test-XXXXXX";
-        REQUIRE(::mkdtemp(name) != nullptr);
-        dir = name;
-        path = dir + "/agentvm";
-        std::ofstream(path) << "#!/bin/sh\n" << body << "\n";
-        ::chmod(path.c_str(), 0755);
-    }
-    ~FakeAgentvm() { std::filesystem::remove_all(dir); }
-};
 
 struct Run {
     EventLoop loop;
