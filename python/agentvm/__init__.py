@@ -1,0 +1,21 @@
+"""agentvm: the Python client of agentvm's microVM sandboxes.
+
+``Sandbox`` / ``AsyncSandbox`` run commands, code and file transfers in a fresh VM, either
+embedded (an ``agentvm episode`` subprocess on this host) or through ``agentvm serve``
+(``url=`` or ``$AGENTVM_URL``). See python/README.md.
+"""
+from __future__ import annotations
+
+from .errors import (AgentError, AgentvmError, BinaryNotFound, CallTimeout, CommandFailed, NotFound,
+                     SandboxDied, ServiceError, StartFailed, Timeout)
+from .models import CommandResult, EntryInfo, Execution, ExecutionError, FileInfo
+from .sandbox import AsyncCommandHandle, AsyncSandbox, CommandHandle, EntryList, Sandbox
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Sandbox", "AsyncSandbox", "CommandHandle", "AsyncCommandHandle",
+    "CommandResult", "Execution", "ExecutionError", "FileInfo", "EntryInfo", "EntryList",
+    "AgentvmError", "AgentError", "NotFound", "SandboxDied", "StartFailed", "ServiceError",
+    "Timeout", "CallTimeout", "CommandFailed", "BinaryNotFound",
+]

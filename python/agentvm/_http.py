@@ -1,0 +1,489 @@
+"""Service transport: a sandbox of ``agentvm serve`` over its HTTP API (docs/api.md).
+
+HTTP is spoken by the standard library's ``http.client`` (the standard library has no asyncio
+HTTP client, and this package parses no HTTP itself). Its calls block, so they run on one
+bounded thread pool shared by the whole process (``AGENTVM_HTTP_THREADS``, default 256
+threads, created only as requests need them); the coroutines wait on them. Connections are
+kept alive and reused, per service (URL and token). A request whose client deadline passes is
+aborted by shutting its socket down, which wakes its thread.
+"""
+from __future__ import annotations
+
+import asyncio
+import functools
+import http.client
+import json
+import os
+import re
+import socket
+import threading
+import time
+import urllib.parse
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Awaitable, Callable, Dict, Iterable, List, Mapping, Optional, Tuple
+
+from ._common import DEFAULT_GRACE, OnEvent, OnRef, wait_answer
+from .errors import (AgentvmError, CallTimeout, SandboxDied, ServiceError, error_from_protocol)
+
+_executor_lock = threading.Lock()
+_executor: Optional[ThreadPoolExecutor] = None
+_clients_lock = threading.Lock()
+_clients: Dict[Tuple[str, Optional[str]], "HttpClient"] = {}
+# serve closes a connection idle for 60 s; one idle longer than this is not reused.
+_IDLE_REUSE = 30.0
+_ENDED = re.compile(r"^sandbox \S+ has ended \((\w+)")
+_AGENT_STATUSES = (400, 422, 502)
+
+
+def executor() -> ThreadPoolExecutor:
+    global _executor
+    with _executor_lock:
+        if _executor is None:
+            n = int(os.environ.get("AGENTVM_HTTP_THREADS", "256"))
+            _executor = ThreadPoolExecutor(max_workers=max(1, n), thread_name_prefix="agentvm-http")
+        return _executor
+
+
+class _UnixConnection(http.client.HTTPConnection):
+    def __init__(self, path: str, timeout: Optional[float]) -> None:
+        super().__init__("localhost", timeout=timeout)
+        self.unix_path = path
+
+    def connect(self) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.settimeout(self.timeout)
+            sock.connect(self.unix_path)
+        except BaseException:
+            sock.close()
+            raise
+        self.sock = sock
+
+
+class _Ctx:
+    """One request in flight: its connection (to abort it) and when bytes last came."""
+
+    def __init__(self) -> None:
+        self.conn: Optional[http.client.HTTPConnection] = None
+        self.aborted = False
+        self.last_rx = 0.0
+        self.lock = threading.Lock()
+
+    def abort(self) -> None:
+        with self.lock:
+            self.aborted = True
+            conn = self.conn
+        if conn is not None and conn.sock is not None:
+            try:
+                conn.sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+
+class Response:
+    def __init__(self, status: int, headers: Dict[str, str], data: bytes) -> None:
+        self.status = status
+        self.headers = headers
+        self.data = data
+
+    def json(self) -> Any:
+        return json.loads(self.data)
+
+
+def parse_url(url: str) -> Tuple[str, str, Optional[int], str]:
+    """(kind, host-or-socket-path, port, path prefix) of ``unix:/path``, ``http://host:port``
+    or ``https://host:port``."""
+    if url.startswith("unix:"):
+        path = url[len("unix:"):]
+        if path.startswith("//"):
+            path = path[2:]
+        if not path:
+            raise ValueError(f"url {url!r}: unix: needs a socket path")
+        return "unix", path, None, ""
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"url {url!r} is neither unix:/path nor http://host:port")
+    return parts.scheme, parts.hostname, parts.port, parts.path.rstrip("/")
+
+
+class HttpClient:
+    """The connections to one serve, shared by every sandbox created with the same URL and
+    token in this process."""
+
+    def __init__(self, url: str, token: Optional[str]) -> None:
+        self.url = url
+        self.token = token
+        self.kind, self.host, self.port, self.prefix = parse_url(url)
+        self._idle: List[Tuple[http.client.HTTPConnection, float]] = []
+        self._lock = threading.Lock()
+
+    @classmethod
+    def get(cls, url: str, token: Optional[str]) -> "HttpClient":
+        key = (url, token)
+        with _clients_lock:
+            client = _clients.get(key)
+            if client is None:
+                client = _clients[key] = cls(url, token)
+            return client
+
+    def _connect(self, timeout: Optional[float]) -> http.client.HTTPConnection:
+        if self.kind == "unix":
+            return _UnixConnection(self.host, timeout)
+        if self.kind == "https":
+            return http.client.HTTPSConnection(self.host, self.port, timeout=timeout)
+        return http.client.HTTPConnection(self.host, self.port, timeout=timeout)
+
+    def _acquire(self, timeout: Optional[float], fresh: bool) -> Tuple[http.client.HTTPConnection, bool]:
+        now = time.monotonic()
+        if not fresh:
+            with self._lock:
+                while self._idle:
+                    conn, since = self._idle.pop()
+                    if now - since < _IDLE_REUSE and conn.sock is not None:
+                        conn.sock.settimeout(timeout)
+                        return conn, True
+                    conn.close()
+        return self._connect(timeout), False
+
+    def _release(self, conn: http.client.HTTPConnection) -> None:
+        with self._lock:
+            if len(self._idle) < 64:
+                self._idle.append((conn, time.monotonic()))
+                return
+        conn.close()
+
+    def headers(self, extra: Optional[Mapping[str, str]] = None) -> Dict[str, str]:
+        h = {"Accept": "application/json"}
+        if self.token:
+            h["Authorization"] = f"Bearer {self.token}"
+        if extra:
+            h.update(extra)
+        return h
+
+    # -- blocking, on a worker thread ----------------------------------------------------------
+
+    def blocking(self, method: str, path: str, body: Any, headers: Dict[str, str], ctx: _Ctx,
+                 sock_timeout: Optional[float], on_response: Optional[Callable[[http.client.HTTPResponse], Any]],
+                 ) -> Response:
+        """One request. ``on_response`` (if given) consumes a 2xx body itself and its return
+        value is the Response's data; otherwise the body is read whole."""
+        retryable = body is None or isinstance(body, (bytes, bytearray))
+        attempt = 0
+        while True:
+            attempt += 1
+            conn, reused = self._acquire(sock_timeout, fresh=not retryable)
+            with ctx.lock:
+                if ctx.aborted:
+                    conn.close()
+                    raise ConnectionAbortedError("the request was aborted")
+                ctx.conn = conn
+            try:
+                try:
+                    # An iterable body without Content-Length goes chunked (http.client's rule).
+                    conn.request(method, self.prefix + path, body=body, headers=headers)
+                except (BrokenPipeError, ConnectionResetError) as send_error:
+                    # serve refuses some requests before reading their body (and closes the
+                    # connection): its answer may be waiting to be read.
+                    if reused and retryable and attempt == 1:
+                        conn.close()
+                        continue
+                    try:
+                        resp = conn.getresponse()
+                    except Exception:
+                        raise send_error from None
+                else:
+                    try:
+                        resp = conn.getresponse()
+                    except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError):
+                        if reused and retryable and attempt == 1 and not ctx.aborted:
+                            conn.close()
+                            continue
+                        raise
+                ctx.last_rx = time.monotonic()
+                hdrs = {k.lower(): v for k, v in resp.getheaders()}
+                if on_response is not None and 200 <= resp.status < 300:
+                    data = on_response(resp)
+                else:
+                    data = resp.read()
+                if resp.will_close or ctx.aborted:
+                    conn.close()
+                else:
+                    self._release(conn)
+                return Response(resp.status, hdrs, data)
+            except BaseException:
+                conn.close()
+                raise
+
+    # -- async ------------------------------------------------------------------------------------
+
+    async def request(self, method: str, path: str, *, body: Any = None, json_body: Any = None,
+                      headers: Optional[Mapping[str, str]] = None, soft: float, hard: Optional[float] = None,
+                      on_response: Optional[Callable[[http.client.HTTPResponse], Any]] = None,
+                      ctx: Optional[_Ctx] = None, what: str = "") -> Response:
+        h = self.headers(headers)
+        if json_body is not None:
+            try:
+                body = json.dumps(json_body, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+            except UnicodeEncodeError as e:
+                raise ValueError(f"a string in the request is not valid Unicode (lone surrogate?): {e}") from None
+            h["Content-Type"] = "application/json"
+        ctx = ctx or _Ctx()
+        limit = hard if hard is not None else soft
+        sock_timeout = None if limit > 1e6 else limit + 30.0
+        loop = asyncio.get_running_loop()
+        fut = loop.run_in_executor(executor(), functools.partial(
+            self.blocking, method, path, body, h, ctx, sock_timeout, on_response))
+        fut.add_done_callback(_retrieve)
+        try:
+            return await wait_answer(fut, soft=soft, hard=hard, last_activity=lambda: ctx.last_rx,  # type: ignore[union-attr]
+                                     what=what or f"{method} {path}")
+        except (CallTimeout, asyncio.CancelledError):
+            ctx.abort()
+            raise
+        except (OSError, http.client.HTTPException) as e:
+            if ctx.aborted:
+                raise CallTimeout(f"{what or method + ' ' + path}: aborted") from None
+            raise AgentvmError("connection", f"{method} {self.url}{path}: {e!r}") from e
+
+
+def _retrieve(fut: "asyncio.Future[Any]") -> None:
+    if not fut.cancelled():
+        fut.exception()
+
+
+def http_error(resp: Response) -> AgentvmError:
+    """The exception for a non-2xx answer of serve."""
+    try:
+        doc = json.loads(resp.data)
+        code = str(doc["error"])
+        message = str(doc.get("message", ""))
+    except (ValueError, KeyError, TypeError):
+        code = f"http_{resp.status}"
+        message = resp.data[:500].decode("utf-8", errors="replace")
+    status = resp.status
+    if status == 404 and code == "not_found":
+        m = _ENDED.match(message)
+        if m:
+            return SandboxDied(m.group(1), message, status=status)
+        if message.startswith("no sandbox "):
+            return SandboxDied("not_found", message, status=status)
+    if status in _AGENT_STATUSES and code not in ("bad_json",) or status == 500 and code == "start_failed":
+        return error_from_protocol(code, message, status=status)
+    retry = resp.headers.get("retry-after")
+    retry_after: Optional[float] = None
+    if retry is not None:
+        try:
+            retry_after = float(retry)
+        except ValueError:
+            retry_after = None
+    return ServiceError(code, message, status=status, retry_after=retry_after)
+
+
+def _ndjson_reader(on_line: Callable[[Dict[str, Any]], None], ctx: _Ctx
+                   ) -> Callable[[http.client.HTTPResponse], bytes]:
+    """Consumes an NDJSON body: every line but the last goes to ``on_line`` (on the worker
+    thread); the last line is returned (the call's answer or a streamed error)."""
+
+    def consume(resp: http.client.HTTPResponse) -> bytes:
+        pending: List[bytes] = []
+        last = b""
+        while True:
+            chunk = resp.read1(1 << 16)
+            if not chunk:
+                break
+            ctx.last_rx = time.monotonic()
+            start = 0
+            while True:
+                nl = chunk.find(b"\n", start)
+                if nl < 0:
+                    if start < len(chunk):
+                        pending.append(chunk[start:])
+                    break
+                pending.append(chunk[start:nl])
+                line = b"".join(pending)
+                pending = []
+                start = nl + 1
+                if not line.strip():
+                    continue
+                if last:
+                    on_line(json.loads(last))
+                last = line
+        tail = b"".join(pending)
+        if tail.strip():
+            if last:
+                on_line(json.loads(last))
+            last = tail
+        return last
+
+    return consume
+
+
+class ServiceTransport:
+    """One sandbox of ``agentvm serve``."""
+
+    kind = "service"
+
+    def __init__(self, client: HttpClient, *, grace: float = DEFAULT_GRACE) -> None:
+        self.client = client
+        self.grace = grace
+        self.sandbox_id = ""
+        self.pid: Optional[int] = None
+        self.restored: Optional[bool] = None
+        self.described: Dict[str, Any] = {}
+        self._gone: Optional[SandboxDied] = None
+
+    def _path(self, action: str = "") -> str:
+        return f"/v1/sandboxes/{urllib.parse.quote(self.sandbox_id, safe='')}" + (f"/{action}" if action else "")
+
+    async def _json(self, method: str, path: str, body: Any = None, *, soft: float = 0.0,
+                    hard: Optional[float] = None, ok: Iterable[int] = (200,)) -> Any:
+        resp = await self.client.request(method, path, json_body=body, soft=soft + self.grace, hard=hard)
+        if resp.status not in tuple(ok):
+            err = http_error(resp)
+            if isinstance(err, SandboxDied):
+                self._gone = err
+            raise err
+        return resp.json()
+
+    async def create(self, body: Dict[str, Any], start_timeout: float) -> None:
+        doc = await self._json("POST", "/v1/sandboxes", body, hard=start_timeout, ok=(201,))
+        self.described = doc
+        self.sandbox_id = str(doc["id"])
+        self.pid = doc.get("pid")
+        self.restored = doc.get("restored")
+
+    async def call(self, op: str, body: Dict[str, Any], *, on_event: Optional[OnEvent] = None,
+                   soft_timeout: float, hard_timeout: Optional[float] = None,
+                   on_ref: Optional[OnRef] = None) -> Dict[str, Any]:
+        if self._gone is not None:
+            raise SandboxDied(self._gone.code, self._gone.message, status=self._gone.status)
+        loop = asyncio.get_running_loop()
+        ctx = _Ctx()
+        stream = bool(body.get("stream"))
+
+        def on_response(resp: http.client.HTTPResponse) -> bytes:
+            seq = resp.getheader("X-Agentvm-Call")
+            if on_ref is not None:
+                # None when serve sends no call seq: such a call cannot be cancelled.
+                loop.call_soon_threadsafe(on_ref, int(seq) if seq is not None and seq.isdigit() else None)
+            if not stream:
+                return resp.read()
+            assert on_event is not None
+            return _ndjson_reader(lambda m: loop.call_soon_threadsafe(on_event, m), ctx)(resp)
+
+        resp = await self.client.request("POST", self._path(op), json_body=body, soft=soft_timeout + self.grace,
+                                         hard=hard_timeout, on_response=on_response, ctx=ctx,
+                                         what=f"{op} call")
+        if not 200 <= resp.status < 300:
+            err = http_error(resp)
+            if isinstance(err, SandboxDied):
+                self._gone = err
+            raise err
+        # Events were queued with call_soon_threadsafe before this answer: let them run first.
+        await asyncio.sleep(0)
+        try:
+            msg = json.loads(resp.data)
+        except ValueError as e:
+            raise AgentvmError("bad_answer", f"{op}: serve's answer is not JSON: {resp.data[:200]!r}") from e
+        if not isinstance(msg, dict):
+            raise AgentvmError("bad_answer", f"{op}: serve's answer is not a JSON object")
+        if "error" in msg and isinstance(msg["error"], str):
+            # A streamed call's error after the stream started: {"error": CODE, "message": TEXT}.
+            err = error_from_protocol(msg["error"], str(msg.get("message", "")))
+            if isinstance(err, SandboxDied):
+                self._gone = err
+            raise err
+        return msg
+
+    async def cancel(self, ref: Any) -> bool:
+        doc = await self._json("DELETE", self._path(f"calls/{int(ref)}"))
+        return bool(doc.get("running"))
+
+    async def stat(self, path: str) -> Dict[str, Any]:
+        q = urllib.parse.urlencode({"path": path})
+        return await self._json("GET", self._path("files/stat") + "?" + q)  # type: ignore[no-any-return]
+
+    async def list_dir(self, path: str, max_entries: Optional[int]) -> Dict[str, Any]:
+        params: Dict[str, Any] = {"path": path}
+        if max_entries is not None:
+            params["max_entries"] = max_entries
+        return await self._json("GET", self._path("files/list") + "?" + urllib.parse.urlencode(params))  # type: ignore[no-any-return]
+
+    async def write_file(self, path: str, chunks: Iterable[bytes], mode: Optional[str],
+                         hard_timeout: Optional[float], size: Optional[int] = None) -> int:
+        params = {"path": path}
+        if mode is not None:
+            params["mode"] = mode
+        headers = {"Content-Type": "application/octet-stream"}
+        body: Any
+        if isinstance(chunks, (bytes, bytearray)):
+            body = bytes(chunks)
+        else:
+            body = chunks
+            if size is not None:
+                headers["Content-Length"] = str(size)
+        ctx = _Ctx()
+        if not isinstance(body, bytes):
+            body = _touching(body, ctx)
+        resp = await self.client.request("PUT", self._path("files") + "?" + urllib.parse.urlencode(params),
+                                         body=body, headers=headers, soft=self.grace, hard=hard_timeout, ctx=ctx,
+                                         what=f"upload of {path!r}")
+        if resp.status != 200:
+            raise http_error(resp)
+        return int(resp.json().get("bytes", 0))
+
+    async def read_file(self, path: str, sink: Callable[[bytes], Awaitable[None]],
+                        hard_timeout: Optional[float]) -> None:
+        loop = asyncio.get_running_loop()
+        ctx = _Ctx()
+
+        def consume(resp: http.client.HTTPResponse) -> bytes:
+            while True:
+                try:
+                    chunk = resp.read1(1 << 20)
+                except http.client.IncompleteRead as e:
+                    raise AgentvmError("io", f"reading {path!r} failed midway (the download was cut)") from e
+                if not chunk:
+                    return b""
+                ctx.last_rx = time.monotonic()
+                # Waits for the sink: the download goes at the consumer's pace.
+                asyncio.run_coroutine_threadsafe(sink(chunk), loop).result()
+
+        resp = await self.client.request("GET", self._path("files") + "?" + urllib.parse.urlencode({"path": path}),
+                                         headers={"Accept": "application/octet-stream"}, soft=self.grace,
+                                         hard=hard_timeout, on_response=consume, ctx=ctx,
+                                         what=f"download of {path!r}")
+        if resp.status != 200:
+            raise http_error(resp)
+
+    async def set_timeout(self, seconds: float) -> None:
+        self.described = await self._json("POST", self._path("timeout"), {"timeout": seconds})
+
+    async def kill(self) -> None:
+        if not self.sandbox_id:
+            return
+        try:
+            await self._json("DELETE", self._path())
+        except SandboxDied:
+            pass
+        if self._gone is None or self._gone.code != "killed":
+            self._gone = SandboxDied("killed", "the sandbox was killed")
+
+    async def is_running(self) -> bool:
+        if self._gone is not None:
+            return False
+        try:
+            self.described = await self._json("GET", self._path())
+        except SandboxDied:
+            return False
+        return self.described.get("state") == "running"
+
+    def info(self) -> Mapping[str, Any]:
+        return dict(self.described)
+
+
+def _touching(chunks: Iterable[bytes], ctx: _Ctx) -> Iterable[bytes]:
+    """The chunks of an upload; each one sent counts as activity for the client deadline."""
+    for c in chunks:
+        ctx.last_rx = time.monotonic()
+        yield c
