@@ -83,6 +83,7 @@ packages=(
   linux-source-6.1 bc flex bison libelf-dev libssl-dev dwarves xz-utils
   debootstrap busybox-static e2fsprogs cpio
   qemu-system-x86 linux-image-amd64
+  python3-pytest
 )
 
 install_missing_packages() {

@@ -37,6 +37,8 @@ std::optional<CallLimits> limits_of(const Request& request)
         return CallLimits{exec->timeout_s, exec->max_output};
     if (const auto* shell = std::get_if<ShellRequest>(&request.op))
         return CallLimits{shell->timeout_s, shell->max_output};
+    if (const auto* run = std::get_if<RunCodeRequest>(&request.op))
+        return CallLimits{run->timeout_s, run->max_output};
     return std::nullopt;
 }
 

@@ -48,7 +48,7 @@ public:
     // Six bytes per output byte at worst (a control byte escaped as \u00XX), two streams,
     // and room for the other fields: no honest response line is longer. The episode passes
     // lines on as they arrive and ends at a longer one; `agentvm run` holds its one whole.
-    static constexpr size_t max_response_line = 12 * max_output_limit + (size_t{1} << 20);
+    static constexpr size_t max_response_line = 12 * max_output_limit + (size_t{8} << 20);
     // The most bytes for the harness that wait in the relay before it stops reading the
     // agent (responses wait in the guest then): with a read buffer and a held line, what a
     // response costs the relay at most, however long it is.

@@ -112,6 +112,40 @@ ShellRequest parse_shell(const Json& object)
     return shell;
 }
 
+RunCodeRequest parse_run_code(const Json& object)
+{
+    RunCodeRequest run;
+    run.code = require_string(object, "code");
+    // The cell travels to the interpreter inside a JSON line; Python source has no NUL.
+    if (run.code.find('\0') != std::string::npos)
+        bad_field("code", "must not contain NUL");
+    if (std::optional<std::string> language = optional_string(object, "language"); language && *language != "python")
+        bad_field("language", "must be \"python\" (the only language run_code has)");
+    run.timeout_s = optional_timeout(object);
+    run.max_output = optional_max_output(object);
+    parse_stream(object, run);
+    return run;
+}
+
+ListDirRequest parse_list_dir(const Json& object)
+{
+    ListDirRequest list{require_string(object, "path")};
+    if (auto max = object.find("max_entries"); max != object.end() && !max->is_null()) {
+        if (!max->is_number_unsigned() || max->get<uint64_t>() == 0 || max->get<uint64_t>() > max_list_entries)
+            bad_field("max_entries", "must be an integer from 1 to " + std::to_string(max_list_entries));
+        list.max_entries = max->get<uint32_t>();
+    }
+    return list;
+}
+
+CancelRequest parse_cancel(const Json& object)
+{
+    const Json& call = require(object, "call");
+    if (!call.is_string() && !call.is_number())
+        bad_field("call", "must be the id (a string or a number) of a running call");
+    return CancelRequest{call};
+}
+
 ExecRequest parse_exec(const Json& object)
 {
     ExecRequest exec;
@@ -213,6 +247,14 @@ Request parse_request(std::string_view line)
             request.op = parse_exec(object);
         else if (op == "shell")
             request.op = parse_shell(object);
+        else if (op == "run_code")
+            request.op = parse_run_code(object);
+        else if (op == "stat")
+            request.op = StatRequest{require_string(object, "path")};
+        else if (op == "list_dir")
+            request.op = parse_list_dir(object);
+        else if (op == "cancel")
+            request.op = parse_cancel(object);
         else if (op == "write_file")
             request.op = parse_write_file(object);
         else if (op == "read_file")

@@ -78,6 +78,32 @@ struct ReadFileRequest {
 
 struct CloseRequest {};
 
+// One cell for the connection's persistent Python interpreter (see interpreter.hpp).
+struct RunCodeRequest {
+    std::string code;
+    std::optional<double> timeout_s;
+    uint64_t max_output = default_max_output;  // also bounds the result's repr
+    bool stream = false;
+    bool output_in_response = true;
+};
+
+struct StatRequest {
+    std::string path;
+};
+
+constexpr uint32_t default_list_entries = 10000;
+constexpr uint32_t max_list_entries = 100000;
+
+struct ListDirRequest {
+    std::string path;
+    uint32_t max_entries = default_list_entries;
+};
+
+// Kills the running call whose id is `call`.
+struct CancelRequest {
+    Json call;
+};
+
 // The VM was resumed from a snapshot: the guest clock is set to the host's and the kernel's
 // random-number generator is reseeded with host entropy, so clones of one snapshot neither
 // live in the past nor share their "random" numbers.
@@ -94,7 +120,9 @@ constexpr size_t max_resume_entropy = 512;
 
 struct Request {
     Json id;
-    std::variant<ExecRequest, ShellRequest, WriteFileRequest, ReadFileRequest, CloseRequest, ResumeRequest> op;
+    std::variant<ExecRequest, ShellRequest, RunCodeRequest, WriteFileRequest, ReadFileRequest, StatRequest, ListDirRequest,
+                 CancelRequest, CloseRequest, ResumeRequest>
+        op;
 };
 
 // A line that cannot become a Request: the error plus whatever id could be recovered

@@ -33,7 +33,7 @@ const std::map<std::string, Language>& languages()
     return known;
 }
 
-struct RunCodeRequest {
+struct FusionRequest {
     std::string code;
     std::string language;
     double run_timeout = 10;
@@ -54,13 +54,13 @@ double number_field(const Json& body, const char* name, double fallback, double 
     return value.get<double>();
 }
 
-// SandboxFusion's RunCodeRequest; fields it does not know are ignored, as it ignores them.
-RunCodeRequest parse(const std::string& text)
+// SandboxFusion's /run_code request; fields it does not know are ignored, as it ignores them.
+FusionRequest parse(const std::string& text)
 {
     const Json body = Json::parse(text, nullptr, false);
     if (!body.is_object())
         throw ApiError(400, "bad_json", "the body must be a JSON object");
-    RunCodeRequest request;
+    FusionRequest request;
     if (!body.contains("code") || !body["code"].is_string())
         throw_bad_field("\"code\" (a string) is required");
     request.code = body["code"].get<std::string>();
@@ -132,7 +132,7 @@ Json command_result(const Json& answer)
 
 class RunCodeJob : public std::enable_shared_from_this<RunCodeJob> {
 public:
-    RunCodeJob(SandboxManager& manager, std::shared_ptr<HttpExchange> exchange, RunCodeRequest request)
+    RunCodeJob(SandboxManager& manager, std::shared_ptr<HttpExchange> exchange, FusionRequest request)
         : manager_(manager), exchange_(std::move(exchange)), request_(std::move(request))
     {
     }
@@ -285,7 +285,7 @@ private:
 
     SandboxManager& manager_;
     std::shared_ptr<HttpExchange> exchange_;
-    RunCodeRequest request_;
+    FusionRequest request_;
     // Weak: the sandbox's pending calls hold this job, and the job must not keep the
     // sandbox (and its VM) alive past serve's end.
     std::weak_ptr<Sandbox> sandbox_;
@@ -300,7 +300,7 @@ private:
 
 void run_code(SandboxManager& manager, const std::shared_ptr<HttpExchange>& exchange)
 {
-    RunCodeRequest request = parse(exchange->body());
+    FusionRequest request = parse(exchange->body());
     if (!languages().contains(request.language)) {
         const Json answer{{"status", "SandboxError"},
                           {"message", fmt::format("language \"{}\" is not supported here (python, bash)",

@@ -7,6 +7,7 @@
 
 #include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <thread>
 
 #include "guest/agent/exec.hpp"
@@ -24,16 +25,21 @@ bool is_blank(const std::string& line)
     return line.find_first_not_of(" \t\r") == std::string::npos;
 }
 
+void signal_cancel(int eventfd)
+{
+    const uint64_t one = 1;
+    [[maybe_unused]] ssize_t n = ::write(eventfd, &one, sizeof(one));
+}
+
+bool is_signalled(int eventfd)
+{
+    pollfd pfd{eventfd, POLLIN, 0};
+    return ::poll(&pfd, 1, 0) > 0;
+}
+
 } // namespace
 
-Connection::Connection(Fd socket)
-    : socket_(std::move(socket)),
-      cancel_(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)),
-      outbox_(socket_.get(), [this] { cancel(); })
-{
-    if (!cancel_)
-        throw_errno("eventfd");
-}
+Connection::Connection(Fd socket) : socket_(std::move(socket)), outbox_(socket_.get(), [this] { cancel(); }) {}
 
 Connection::~Connection()
 {
@@ -42,8 +48,19 @@ Connection::~Connection()
 
 void Connection::cancel()
 {
-    const uint64_t one = 1;
-    [[maybe_unused]] ssize_t n = ::write(cancel_.get(), &one, sizeof(one));
+    std::lock_guard lock(cancels_mutex_);
+    abandoned_ = true;
+    for (const auto& [id, fd] : call_cancels_)
+        signal_cancel(fd.get());
+}
+
+bool Connection::cancel_call(const Json& id)
+{
+    std::lock_guard lock(cancels_mutex_);
+    const auto [first, last] = call_cancels_.equal_range(id.dump());
+    for (auto it = first; it != last; ++it)
+        signal_cancel(it->second.get());
+    return first != last;
 }
 
 void Connection::serve()
@@ -119,24 +136,42 @@ void Connection::handle_line(std::string&& line)
     std::string().swap(line); // a write_file line can be 64 MiB: do not hold it twice
 
     try {
+        const Json& id = request.id;
         if (auto* exec = std::get_if<ExecRequest>(&request.op)) {
-            start_call(request.id, [this, id = request.id, exec = std::move(*exec)] {
-                return run_exec(id, exec, outbox_, cancel_.get());
+            start_call(id, [this, id, exec = std::move(*exec)](int cancel_fd) {
+                return run_exec(id, exec, outbox_, cancel_fd);
             });
         } else if (auto* shell = std::get_if<ShellRequest>(&request.op)) {
-            start_shell(std::move(request.id), std::move(*shell));
+            start_turn(
+                shell_turns_, id,
+                [this, id, shell = std::move(*shell)](int cancel_fd) { return shell_.run(id, shell, outbox_, cancel_fd); },
+                [id] { return Shell::not_run(id); });
+        } else if (auto* run = std::get_if<RunCodeRequest>(&request.op)) {
+            start_turn(
+                interpreter_turns_, id,
+                [this, id, run = std::move(*run)](int cancel_fd) {
+                    return interpreter_.run(id, run, outbox_, cancel_fd);
+                },
+                [id] { return Interpreter::not_run(id); });
         } else if (auto* write = std::get_if<WriteFileRequest>(&request.op)) {
             const size_t bytes = write_file(*write);
-            outbox_.send(to_line(Json{{"id", request.id}, {"ok", true}, {"bytes", bytes}}));
+            outbox_.send(to_line(Json{{"id", id}, {"ok", true}, {"bytes", bytes}}));
         } else if (auto* read = std::get_if<ReadFileRequest>(&request.op)) {
-            outbox_.send(to_line(read_file(request.id, *read, outbox_)));
+            outbox_.send(to_line(read_file(id, *read, outbox_)));
+        } else if (auto* stat = std::get_if<StatRequest>(&request.op)) {
+            outbox_.send(to_line(stat_path(id, *stat)));
+        } else if (auto* list = std::get_if<ListDirRequest>(&request.op)) {
+            outbox_.send(to_line(list_dir(id, *list)));
+        } else if (auto* cancel = std::get_if<CancelRequest>(&request.op)) {
+            const bool running = cancel_call(cancel->call);
+            outbox_.send(to_line(Json{{"id", id}, {"ok", true}, {"running", running}}));
         } else if (auto* resume = std::get_if<ResumeRequest>(&request.op)) {
             resume_guest(*resume);
-            outbox_.send(to_line(Json{{"id", request.id}, {"ok", true}}));
+            outbox_.send(to_line(Json{{"id", id}, {"ok", true}}));
         } else {
             std::lock_guard lock(mutex_);
             close_requested_ = true;
-            close_id_ = request.id;
+            close_id_ = id;
         }
     } catch (const CallError& e) {
         outbox_.send(to_line(error_response(request.id, e.code(), e.what())));
@@ -145,55 +180,56 @@ void Connection::handle_line(std::string&& line)
     }
 }
 
-void Connection::start_shell(Json id, ShellRequest request)
+void Connection::start_turn(Turns& turns, Json id, std::function<Json(int cancel_fd)> run,
+                            std::function<Json()> not_run)
 {
-    uint64_t ticket;
-    {
-        std::lock_guard lock(mutex_);
-        ticket = shell_tickets_++;
-    }
+    const uint64_t ticket = turns.take_ticket();
     try {
-        start_call(id, [this, id, ticket, request = std::move(request)] {
-            std::unique_lock lock(mutex_);
-            shell_turn_changed_.wait(lock, [&] { return shell_turn_ == ticket; });
-            lock.unlock();
+        start_call(std::move(id), [&turns, ticket, run = std::move(run), not_run = std::move(not_run)](int cancel_fd) {
+            turns.wait_for(ticket);
             // Pass the turn on however this call ends.
             struct NextTurn {
-                Connection& connection;
+                Turns& turns;
                 uint64_t ticket;
-                ~NextTurn() { connection.finish_shell_turn(ticket); }
-            } next_turn{*this, ticket};
-            return shell_.run(id, request, outbox_, cancel_.get());
+                ~NextTurn() { turns.finish(ticket); }
+            } next_turn{turns, ticket};
+            return is_signalled(cancel_fd) ? not_run() : run(cancel_fd);
         });
     } catch (const CallError&) {
-        finish_shell_turn(ticket); // this call will not run: let the next one
+        turns.finish(ticket); // this call will not run: let the next one
         throw;
     }
 }
 
-void Connection::finish_shell_turn(uint64_t ticket)
+void Connection::start_call(Json id, std::function<Json(int cancel_fd)> call)
 {
-    std::lock_guard lock(mutex_);
-    finished_shell_tickets_.insert(ticket);
-    while (finished_shell_tickets_.erase(shell_turn_))
-        ++shell_turn_;
-    shell_turn_changed_.notify_all();
-}
-
-void Connection::start_call(Json id, std::function<Json()> call)
-{
+    Fd cancel_fd(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+    if (!cancel_fd)
+        throw CallError("spawn_failed", std::string("eventfd: ") + std::strerror(errno));
+    CallCancels::iterator registered;
+    {
+        std::lock_guard lock(cancels_mutex_);
+        if (abandoned_)
+            signal_cancel(cancel_fd.get());
+        registered = call_cancels_.emplace(id.dump(), std::move(cancel_fd));
+    }
     {
         std::lock_guard lock(mutex_);
         ++running_calls_;
     }
-    auto run = [this, id = std::move(id), call = std::move(call)] {
+    auto run = [this, id = std::move(id), call = std::move(call), registered] {
         Json response;
         try {
-            response = call();
+            response = call(registered->second.get());
         } catch (const CallError& e) {
             response = error_response(id, e.code(), e.what());
         } catch (const std::exception& e) {
             response = error_response(id, "internal", e.what());
+        }
+        // Unregistered before it answers: a cancel that comes after the answer finds nothing.
+        {
+            std::lock_guard lock(cancels_mutex_);
+            call_cancels_.erase(registered);
         }
         outbox_.send_message(std::move(response));
         // Last touch of *this: serve() may return and destroy the connection as soon as
@@ -205,6 +241,10 @@ void Connection::start_call(Json id, std::function<Json()> call)
     try {
         std::thread(std::move(run)).detach();
     } catch (const std::system_error& e) {
+        {
+            std::lock_guard lock(cancels_mutex_);
+            call_cancels_.erase(registered);
+        }
         std::lock_guard lock(mutex_);
         --running_calls_;
         throw CallError("spawn_failed", std::string("thread: ") + e.what());

@@ -1,19 +1,21 @@
-// One client connection: reads request lines, answers file calls in request order on the
-// reading thread (so appending write_file chunks land in order), and runs each exec on a
-// thread of its own so calls overlap. Shell calls also get threads, but take turns in
-// request order on the connection's one bash. Output goes through the Outbox, a line at
-// a time.
+// One client connection: reads request lines, answers file calls and cancels in request
+// order on the reading thread (so appending write_file chunks land in order), and runs each
+// exec on a thread of its own so calls overlap. Shell and run_code calls also get threads,
+// but take turns in request order on the connection's one bash and one interpreter. Output
+// goes through the Outbox, a line at a time.
 #pragma once
 
 #include <condition_variable>
 #include <functional>
+#include <map>
 #include <mutex>
-#include <set>
 #include <string>
 
+#include "guest/agent/interpreter.hpp"
 #include "guest/agent/outbox.hpp"
-#include "protocol/agent_protocol.hpp"
 #include "guest/agent/shell.hpp"
+#include "guest/agent/turns.hpp"
+#include "protocol/agent_protocol.hpp"
 #include "common/fd.hpp"
 
 namespace agentvm {
@@ -29,32 +31,39 @@ public:
     void serve();
 
 private:
+    // A running call's cancel: an eventfd its thread watches, readable once the call is
+    // cancelled (by a cancel request, or the whole connection by cancel()).
+    using CallCancels = std::multimap<std::string, Fd>;
+
     void handle_line(std::string&& line);
-    // Runs `call` on a thread of its own, counted in running_calls_, answering for `id`.
-    void start_call(Json id, std::function<Json()> call);
-    void start_shell(Json id, ShellRequest request);
-    // Marks a shell ticket done (run or failed to start) and moves the turn past every
-    // finished ticket.
-    void finish_shell_turn(uint64_t ticket);
+    // Runs `call` on a thread of its own, counted in running_calls_, answering for `id`;
+    // `call` gets its cancel eventfd.
+    void start_call(Json id, std::function<Json(int cancel_fd)> call);
+    // A call that waits for its turn in `turns` and is answered by `not_run` instead of
+    // running when it was cancelled before its turn came.
+    void start_turn(Turns& turns, Json id, std::function<Json(int cancel_fd)> run,
+                    std::function<Json()> not_run);
+    // Kills the call(s) with this id; false when none runs.
+    bool cancel_call(const Json& id);
     // Kills the process groups of running calls: nobody is left to read their answers.
     void cancel();
     void wait_for_calls(bool watch_hangup);
 
     Fd socket_;
-    Fd cancel_; // eventfd, readable once the connection is abandoned
     Outbox outbox_;
     std::mutex mutex_;
     std::condition_variable calls_done_;
     size_t running_calls_ = 0;
     bool close_requested_ = false;
-    // Shell calls run in the order they were sent: each takes a ticket, and waits for its
-    // turn.
-    Shell shell_;
-    std::condition_variable shell_turn_changed_;
-    uint64_t shell_tickets_ = 0;
-    uint64_t shell_turn_ = 0;
-    std::set<uint64_t> finished_shell_tickets_;
     Json close_id_;
+    // Not under mutex_: cancel() also runs on the outbox's writer thread.
+    std::mutex cancels_mutex_;
+    CallCancels call_cancels_;
+    bool abandoned_ = false;  // cancel() ran: every call, also one starting now, is cancelled
+    Shell shell_;
+    Turns shell_turns_;
+    Interpreter interpreter_;
+    Turns interpreter_turns_;
 };
 
 } // namespace agentvm

@@ -43,15 +43,25 @@ Drained drain(const Running& command, std::span<Capture, 2> captures, Watch& wat
     // fd -1, which poll() skips.
     enum { stdout_slot, stderr_slot, watch_slot, pid_slot, cancel_slot, slots };
 
+    // When the timeout next acts: the deadline, then (after an interrupt) the kill; never
+    // once it has killed.
+    constexpr Clock::time_point never = Clock::time_point::max();
+    Clock::time_point next_step = command.deadline.value_or(never);
     for (;;) {
         const Clock::time_point now = Clock::now();
         if (over) {
             const bool open = captures[0].open() || captures[1].open();
             if (!open || now - last_output >= quiet_after_exit || now - result.end >= drain_cap_after_exit)
                 break;
-        } else if (command.deadline && now >= *command.deadline && !result.timed_out) {
+        } else if (next_step != never && now >= next_step) {
+            if (!result.timed_out && command.interrupt_grace) {
+                ::kill(command.pid, SIGINT);
+                next_step = now + *command.interrupt_grace;
+            } else {
+                kill_command(command);
+                next_step = never;
+            }
             result.timed_out = true;
-            kill_command(command);
         }
 
         pollfd fds[slots] = {
@@ -64,9 +74,9 @@ Drained drain(const Running& command, std::span<Capture, 2> captures, Watch& wat
         int wait_ms = -1;
         if (over)
             wait_ms = static_cast<int>(quiet_after_exit.count());
-        else if (command.deadline && !result.timed_out)
+        else if (next_step != never)
             wait_ms = static_cast<int>(
-                std::ceil(std::chrono::duration<double, std::milli>(*command.deadline - now).count()));
+                std::ceil(std::chrono::duration<double, std::milli>(next_step - now).count()));
         if (::poll(fds, slots, wait_ms) < 0 && errno != EINTR)
             throw_errno("poll");
 
@@ -84,8 +94,11 @@ Drained drain(const Running& command, std::span<Capture, 2> captures, Watch& wat
         }
         if (fds[cancel_slot].revents != 0) {
             result.cancelled = true;
-            if (!over)
+            if (!over) {
+                result.killed_by_cancel = true;
                 kill_command(command);
+                next_step = never;
+            }
         }
     }
     return result;

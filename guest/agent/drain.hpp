@@ -50,12 +50,16 @@ struct Running {
     int pidfd;  // readable once the leader exits, which ends the command
     int cancel_fd;
     std::optional<Clock::time_point> deadline;
+    // Set: at the deadline the leader only gets SIGINT, and the kill comes this much later if
+    // the command is not over by then (an interpreter's cell gets KeyboardInterrupt first).
+    std::optional<Clock::duration> interrupt_grace = std::nullopt;
 };
 
 struct Drained {
     std::optional<int> wait_status; // the leader's, when it exited (it is reaped)
     bool timed_out = false;
     bool cancelled = false; // also when the cancel came after the command was over
+    bool killed_by_cancel = false; // the cancel came while the command ran, and killed it
     Clock::time_point end{}; // when the command was over
 };
 

@@ -13,43 +13,25 @@
 // next call then starts a fresh shell, its state lost.
 #pragma once
 
-#include <sys/types.h>
-
-#include <optional>
-#include <string>
-
-#include "guest/agent/call_cgroup.hpp"
 #include "guest/agent/outbox.hpp"
+#include "guest/agent/session_process.hpp"
 #include "protocol/agent_protocol.hpp"
-#include "common/fd.hpp"
 
 namespace agentvm {
 
 class Shell {
 public:
-    Shell() = default;
-    ~Shell();
-    Shell(const Shell&) = delete;
-    Shell& operator=(const Shell&) = delete;
-
     // Returns the final response (same shape as exec's). exit_code is bash's $?, so 128+N
     // for a command killed by signal N; signal is set only when bash itself was killed.
     // Throws CallError(spawn_failed) when bash cannot start.
     Json run(const Json& id, const ShellRequest& request, Outbox& outbox, int cancel_fd);
+    // The response of a call cancelled before its turn: it never ran, the shell is untouched.
+    static Json not_run(const Json& id);
 
 private:
     void start();
-    // Kills bash and its jobs, reaps it, removes the FIFOs.
-    void stop();
 
-    pid_t pid_ = -1;
-    Fd pidfd_;
-    Fd control_; // bash's stdin: the command lines
-    Fd status_;  // read end of the status FIFO: one "$?" line per call
-    std::string status_pending_;
-    std::string dir_; // the FIFOs' directory
-    uint64_t calls_ = 0;
-    std::optional<CallCgroup> cgroup_;  // bash's and its commands', for as long as bash runs
+    SessionProcess bash_{"shell"};
 };
 
 } // namespace agentvm

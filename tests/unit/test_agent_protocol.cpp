@@ -215,6 +215,42 @@ TEST_CASE("file and close requests parse")
     CHECK(std::holds_alternative<CloseRequest>(parse_request(R"({"id":4,"op":"close"})").op));
 }
 
+TEST_CASE("run_code, stat, list_dir and cancel requests parse")
+{
+    auto run = std::get<RunCodeRequest>(
+        parse_request(R"({"id":1,"op":"run_code","code":"x = 1\nx","language":"python","timeout":5,"max_output":9,"stream":"only"})")
+            .op);
+    CHECK(run.code == "x = 1\nx");
+    CHECK(run.timeout_s == std::optional<double>(5));
+    CHECK(run.max_output == 9);
+    CHECK(run.stream);
+    CHECK_FALSE(run.output_in_response);
+    CHECK(std::get<RunCodeRequest>(parse_request(R"({"id":1,"op":"run_code","code":""})").op).max_output
+          == default_max_output);
+    CHECK(error_code_of(R"({"id":1,"op":"run_code"})") == "missing_field");
+    CHECK(error_code_of(R"({"id":1,"op":"run_code","code":3})") == "bad_field");
+    CHECK(error_code_of(R"({"id":1,"op":"run_code","code":"a\u0000b"})") == "bad_field");
+    CHECK(error_code_of(R"({"id":1,"op":"run_code","code":"1","language":"ruby"})") == "bad_field");
+    CHECK(error_code_of(R"({"id":1,"op":"run_code","code":"1","timeout":0})") == "bad_field");
+
+    CHECK(std::get<StatRequest>(parse_request(R"({"id":2,"op":"stat","path":"/etc"})").op).path == "/etc");
+    CHECK(error_code_of(R"({"id":2,"op":"stat"})") == "missing_field");
+
+    auto list = std::get<ListDirRequest>(parse_request(R"({"id":3,"op":"list_dir","path":"/","max_entries":100000})").op);
+    CHECK(list.path == "/");
+    CHECK(list.max_entries == max_list_entries);
+    CHECK(std::get<ListDirRequest>(parse_request(R"({"id":3,"op":"list_dir","path":"/"})").op).max_entries
+          == default_list_entries);
+    CHECK(error_code_of(R"({"id":3,"op":"list_dir","path":"/","max_entries":0})") == "bad_field");
+    CHECK(error_code_of(R"({"id":3,"op":"list_dir","path":"/","max_entries":100001})") == "bad_field");
+    CHECK(error_code_of(R"({"id":3,"op":"list_dir","path":"/","max_entries":"5"})") == "bad_field");
+
+    CHECK(std::get<CancelRequest>(parse_request(R"({"id":4,"op":"cancel","call":"up-1"})").op).call == "up-1");
+    CHECK(std::get<CancelRequest>(parse_request(R"({"id":4,"op":"cancel","call":7})").op).call == 7);
+    CHECK(error_code_of(R"({"id":4,"op":"cancel"})") == "missing_field");
+    CHECK(error_code_of(R"({"id":4,"op":"cancel","call":[7]})") == "bad_field");
+}
+
 TEST_CASE("malformed requests get the documented error codes")
 {
     CHECK(error_code_of("") == "bad_json");

@@ -1,0 +1,172 @@
+#include "guest/agent/interpreter.hpp"
+
+#include <poll.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <optional>
+#include <string>
+
+#include "guest/agent/capture.hpp"
+#include "guest/agent/drain.hpp"
+#include "guest/agent/interpreter_driver.hpp"
+
+namespace agentvm {
+
+namespace {
+
+// The longest status line taken from the driver: a result of max_result_bytes and a message
+// and a traceback of 64 KiB each, every byte escaped at most six-fold, with room to spare.
+constexpr size_t max_status_line = 8u << 20;
+
+// Reads the driver's status FIFO during a cell: the cell is over when its line arrives.
+class StatusJson final : public Watch {
+public:
+    StatusJson(int fd, std::string& pending) : fd_(fd), pending_(pending) {}
+
+    int fd() const override { return fd_; }
+    short events() const override { return POLLIN; }
+    bool ready(short revents) override
+    {
+        if (!(revents & POLLIN))
+            return false;
+        char buffer[64 * 1024];
+        const ssize_t got = ::read(fd_, buffer, sizeof(buffer));
+        if (got > 0)
+            pending_.append(buffer, static_cast<size_t>(got));
+        const size_t newline = pending_.find('\n');
+        if (newline == std::string::npos) {
+            if (pending_.size() <= max_status_line)
+                return false;
+            malformed = true;  // the cell wrote to the driver's status descriptor
+            return true;
+        }
+        line = pending_.substr(0, newline);
+        pending_.erase(0, newline + 1);
+        return true;
+    }
+
+    std::optional<std::string> line;
+    bool malformed = false;
+
+private:
+    int fd_;
+    std::string& pending_;
+};
+
+bool is_string_or_null(const Json& object, const char* name)
+{
+    const auto it = object.find(name);
+    return it != object.end() && (it->is_string() || it->is_null());
+}
+
+// The driver's line, checked: the cell shares the driver's process, so what arrives on the
+// status FIFO is not trusted to be the driver's.
+std::optional<Json> parse_status(const std::string& line)
+{
+    Json status = Json::parse(line, nullptr, false);
+    if (!status.is_object() || !is_string_or_null(status, "result") || !status.contains("result_truncated")
+        || !status["result_truncated"].is_boolean() || !status.contains("exception"))
+        return std::nullopt;
+    const Json& exception = status["exception"];
+    if (!exception.is_null()
+        && (!exception.is_object() || !is_string_or_null(exception, "type") || !is_string_or_null(exception, "message")
+            || !is_string_or_null(exception, "traceback")))
+        return std::nullopt;
+    return status;
+}
+
+Json interpreter_died(const std::string& how)
+{
+    return Json{{"type", "InterpreterDied"}, {"message", how}, {"traceback", nullptr}};
+}
+
+std::string how_it_ended(int wait_status)
+{
+    if (WIFSIGNALED(wait_status))
+        return "the interpreter was killed by signal " + std::to_string(WTERMSIG(wait_status));
+    return "the interpreter exited with status " + std::to_string(WEXITSTATUS(wait_status));
+}
+
+} // namespace
+
+Json Interpreter::not_run(const Json& id)
+{
+    return Json{{"id", id}, {"result", nullptr}, {"result_truncated", false}, {"exception", nullptr},
+                {"timed_out", false}, {"state_lost", false}, {"cancelled", true}, {"stdout", ""},
+                {"stdout_truncated", false}, {"stderr", ""}, {"stderr_truncated", false}, {"duration_ms", 0}};
+}
+
+Json Interpreter::run(const Json& id, const RunCodeRequest& request, Outbox& outbox, int cancel_fd)
+{
+    if (!python_.running()) {
+        try {
+            python_.start({"python3", "-u", "-c", interpreter_driver_source});
+        } catch (const CallError& e) {
+            throw CallError("spawn_failed", std::string("run_code needs python3: ") + e.what());
+        }
+    }
+    const uint64_t cell = python_.next_command();
+    const std::string out_path = python_.path_of("out." + std::to_string(cell));
+    const std::string err_path = python_.path_of("err." + std::to_string(cell));
+    Capture captures[2] = {
+        {"stdout", python_.make_fifo(out_path), request.max_output, request.output_in_response},
+        {"stderr", python_.make_fifo(err_path), request.max_output, request.output_in_response},
+    };
+
+    const Clock::time_point start_time = Clock::now();
+    const Json command{{"code", request.code},
+                       {"cell", cell},
+                       {"out", out_path},
+                       {"err", err_path},
+                       {"status", python_.status_path()},
+                       {"result_limit", std::min(request.max_output, max_result_bytes)}};
+    try {
+        python_.send(to_line(command));
+    } catch (const CallError&) {
+        ::unlink(out_path.c_str());
+        ::unlink(err_path.c_str());
+        throw;
+    }
+
+    StatusJson status_line(python_.status_fd(), python_.status_pending());
+    const Drained drained = drain({python_.pid(), python_.cgroup(), python_.pidfd(), cancel_fd,
+                                   deadline_after(start_time, request.timeout_s),
+                                   std::chrono::duration_cast<Clock::duration>(interrupt_grace)},
+                                  captures, status_line, id, request.stream, outbox);
+    ::unlink(out_path.c_str());
+    ::unlink(err_path.c_str());
+
+    Json response{{"id", id}, {"result", nullptr}, {"result_truncated", false}};
+    std::optional<Json> status;
+    if (!drained.wait_status && status_line.line)
+        status = parse_status(*status_line.line);
+    if (status) {
+        response["result"] = std::move((*status)["result"]);
+        response["result_truncated"] = (*status)["result_truncated"];
+        response["exception"] = std::move((*status)["exception"]);
+    } else if (drained.wait_status) {
+        python_.reaped();
+        std::string how = how_it_ended(*drained.wait_status);
+        if (drained.killed_by_cancel)
+            how += " (the call was cancelled)";
+        else if (drained.timed_out)
+            how += " (the cell did not stop within " + std::to_string(interrupt_grace.count())
+                + " s of the timeout's interrupt)";
+        response["exception"] = interpreter_died(how);
+    } else {
+        python_.stop();
+        response["exception"] = interpreter_died("the interpreter sent a malformed status line; it was stopped");
+    }
+    response["timed_out"] = drained.timed_out;
+    response["state_lost"] = !status;
+    if (drained.killed_by_cancel)
+        response["cancelled"] = true;
+    captures[0].put(response);
+    captures[1].put(response);
+    response["duration_ms"] = std::chrono::duration_cast<std::chrono::milliseconds>(drained.end - start_time).count();
+    return response;
+}
+
+} // namespace agentvm
