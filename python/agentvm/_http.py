@@ -22,7 +22,7 @@ import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Awaitable, Callable, Dict, Iterable, List, Mapping, Optional, Tuple
 
-from ._common import DEFAULT_GRACE, OnEvent, OnRef, wait_answer
+from ._common import DEFAULT_GRACE, MAX_LINE_BYTES, OnEvent, OnRef, wait_answer
 from .errors import (AgentvmError, CallTimeout, SandboxDied, ServiceError, error_from_protocol)
 
 _executor_lock = threading.Lock()
@@ -227,6 +227,9 @@ class HttpClient:
             except UnicodeEncodeError as e:
                 raise ValueError(f"a string in the request is not valid Unicode (lone surrogate?): {e}") from None
             h["Content-Type"] = "application/json"
+            if len(body) > MAX_LINE_BYTES:
+                raise ValueError(f"the request would be {len(body)} bytes; the protocol allows {MAX_LINE_BYTES} "
+                                 f"(64 MiB)")
         ctx = ctx or _Ctx()
         limit = hard if hard is not None else soft
         sock_timeout = None if limit > 1e6 else limit + 30.0
