@@ -6,7 +6,9 @@
 #include "service/call_relay.hpp"
 #include "service/create_request.hpp"
 #include "service/file_transfer.hpp"
+#include "service/fusion_job.hpp"
 #include "service/run_code.hpp"
+#include "service/run_jupyter.hpp"
 
 namespace agentvm {
 namespace {
@@ -51,6 +53,15 @@ Json clipped(const Json& value)
     return value;
 }
 
+// "42" -> 42: digits only, not 0, not past what a uint64_t holds.
+std::optional<uint64_t> positive_integer(const std::string& text)
+{
+    if (text.empty() || text.size() > 18 || text.find_first_not_of("0123456789") != std::string::npos)
+        return std::nullopt;
+    const uint64_t value = std::stoull(text);
+    return value == 0 ? std::nullopt : std::optional<uint64_t>(value);
+}
+
 // ".../sandboxes/ID/ACTION" -> {ID, ACTION}; ACTION is empty for the sandbox itself.
 std::pair<std::string, std::string> split_sandbox_path(std::string_view rest)
 {
@@ -64,8 +75,8 @@ std::pair<std::string, std::string> split_sandbox_path(std::string_view rest)
 
 std::optional<size_t> ServiceApi::larger_body(std::string_view method, std::string_view path)
 {
-    if (method == "POST" && path == "/run_code")
-        return max_run_code_body;
+    if (method == "POST" && (path == "/run_code" || path == "/run_jupyter"))
+        return max_fusion_body;
     return std::nullopt;
 }
 
@@ -97,6 +108,10 @@ void ServiceApi::route(const std::shared_ptr<HttpExchange>& exchange)
     if (path == "/run_code") {
         require_method(*exchange, "POST");
         return run_code(manager_, exchange);
+    }
+    if (path == "/run_jupyter") {
+        require_method(*exchange, "POST");
+        return run_jupyter(manager_, exchange);
     }
     if (path == sandboxes_prefix) {
         if (exchange->method() == "POST")
@@ -151,9 +166,17 @@ void ServiceApi::sandbox_request(const std::shared_ptr<HttpExchange>& exchange, 
         manager_.remove(*sandbox, "deleted");
         return exchange->respond(200, json_text(answer));
     }
-    if (action == "exec" || action == "shell") {
+    if (action == "exec" || action == "shell" || action == "run_code") {
         require_method(*exchange, "POST");
         return call(exchange, sandbox, action);
+    }
+    if (action.starts_with("calls/")) {
+        require_method(*exchange, "DELETE");
+        return cancel(exchange, sandbox, action.substr(6));
+    }
+    if (action == "files/stat" || action == "files/list") {
+        require_method(*exchange, "GET");
+        return file_info(exchange, sandbox, action == "files/stat" ? "stat" : "list_dir");
     }
     if (action == "files") {
         const std::optional<std::string> file = exchange->query("path");
@@ -198,12 +221,49 @@ void ServiceApi::call(const std::shared_ptr<HttpExchange>& exchange, const std::
         summary["argv"] = clipped(body["argv"]);
     if (op == "shell" && body.contains("cmd"))
         summary["cmd"] = clipped(body["cmd"]);
+    if (op == "run_code" && body.contains("code"))
+        summary["code"] = clipped(body["code"]);
     if (body.contains("cwd"))
         summary["cwd"] = clipped(body["cwd"]);
     Json request{{"op", op}};
     for (auto& [key, value] : body.items())
         request[key] = std::move(value);
     relay_call(manager_, sandbox, exchange, std::move(request), std::move(summary), stream);
+}
+
+void ServiceApi::cancel(const std::shared_ptr<HttpExchange>& exchange, const std::shared_ptr<Sandbox>& sandbox,
+                        const std::string& seq_text)
+{
+    const std::optional<uint64_t> seq = positive_integer(seq_text);
+    if (!seq || *seq > sandbox->history().total())
+        throw ApiError(404, "not_found", fmt::format("sandbox {} has no call {}", sandbox->id(), seq_text));
+    const bool running = sandbox->cancel(*seq, [exchange](Json&& answer) {
+        if (answer.contains("error"))
+            return respond_agent_error(*exchange, answer);
+        exchange->respond(200, json_text(Json{{"running", answer.value("running", false)}}));
+    });
+    if (!running)
+        exchange->respond(200, json_text(Json{{"running", false}}));
+}
+
+void ServiceApi::file_info(const std::shared_ptr<HttpExchange>& exchange, const std::shared_ptr<Sandbox>& sandbox,
+                           const std::string& op)
+{
+    const std::optional<std::string> file = exchange->query("path");
+    if (!file || file->empty())
+        throw ApiError(400, "missing_field", "the file is named by the query argument ?path=");
+    Json request{{"op", op}, {"path", *file}};
+    if (const std::optional<std::string> max = exchange->query("max_entries"); max && op == "list_dir") {
+        const std::optional<uint64_t> entries = positive_integer(*max);
+        if (!entries || *entries > max_list_entries)
+            throw_bad_field(fmt::format("\"max_entries\" must be an integer from 1 to {}", max_list_entries));
+        request["max_entries"] = *entries;
+    }
+    sandbox->call(std::move(request), std::nullopt, CallHandlers{[](Json&&) {}, [exchange](Json&& answer) {
+                                                                   if (answer.contains("error"))
+                                                                       return respond_agent_error(*exchange, answer);
+                                                                   exchange->respond(200, json_text(answer));
+                                                               }});
 }
 
 } // namespace agentvm

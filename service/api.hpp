@@ -16,7 +16,7 @@ public:
     void handle(const std::shared_ptr<HttpExchange>& exchange);
     // The requests whose body streams (HttpServer::Options::streams_body): file uploads.
     static bool streams_body(std::string_view method, std::string_view path);
-    // The requests that may carry more than HttpServer's max_body: /run_code.
+    // The requests that may carry more than HttpServer's max_body: /run_code, /run_jupyter.
     static std::optional<size_t> larger_body(std::string_view method, std::string_view path);
 
 private:
@@ -26,6 +26,12 @@ private:
                          const std::string& action);
     void call(const std::shared_ptr<HttpExchange>& exchange, const std::shared_ptr<Sandbox>& sandbox,
               const std::string& op);
+    // DELETE .../calls/SEQ: the agent's cancel of a running call.
+    void cancel(const std::shared_ptr<HttpExchange>& exchange, const std::shared_ptr<Sandbox>& sandbox,
+                const std::string& seq_text);
+    // GET .../files/stat and .../files/list: the agent's stat and list_dir.
+    void file_info(const std::shared_ptr<HttpExchange>& exchange, const std::shared_ptr<Sandbox>& sandbox,
+                   const std::string& op);
 
     SandboxManager& manager_;
 };

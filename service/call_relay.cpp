@@ -58,10 +58,8 @@ void relay_call(SandboxManager& manager, const std::shared_ptr<Sandbox>& sandbox
                 const std::shared_ptr<HttpExchange>& exchange, Json request, Json summary, bool stream)
 {
     const auto started = Sandbox::Clock::now();
-    if (stream) {
+    if (stream)
         request["stream"] = "only";
-        exchange->start_stream(200, "application/x-ndjson");
-    }
     auto pacer = std::make_shared<StreamPacer>(sandbox, exchange);
     CallHandlers handlers;
     handlers.on_event = [exchange, pacer, stream](Json&& event) {
@@ -86,7 +84,12 @@ void relay_call(SandboxManager& manager, const std::shared_ptr<Sandbox>& sandbox
             exchange->respond(200, ndjson_line(answer));
         }
     };
+    // Its lines come from the event loop, never from within call(): the answer starts after.
     const uint64_t call = sandbox->call(std::move(request), std::move(summary), std::move(handlers));
+    if (const std::optional<uint64_t> seq = sandbox->history_seq_of(call))
+        exchange->add_header("X-Agentvm-Call", std::to_string(*seq));
+    if (stream)
+        exchange->start_stream(200, "application/x-ndjson");
     forget_call_when_gone(*exchange, sandbox, call, std::move(pacer));
 }
 

@@ -441,6 +441,8 @@ bool HttpServer::queue(HttpExchange& exchange)
         MHD_add_response_header(response, MHD_HTTP_HEADER_RETRY_AFTER, std::to_string(*answer.retry_after_s).c_str());
     if (answer.status == 401)
         MHD_add_response_header(response, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Basic realm=\"agentvm\"");
+    for (const auto& [name, value] : exchange.extra_headers_)
+        MHD_add_response_header(response, name.c_str(), value.c_str());
     const MHD_Result queued = MHD_queue_response(exchange.connection_, static_cast<unsigned>(answer.status), response);
     MHD_destroy_response(response);
     exchange.queued_ = queued == MHD_YES;

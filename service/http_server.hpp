@@ -43,6 +43,8 @@ public:
     std::optional<std::string> header(const char* name) const;
     std::optional<std::string> query(const char* name) const;
 
+    // A header for the answer (respond, respond_error or start_stream), set before it.
+    void add_header(std::string name, std::string value) { extra_headers_.emplace_back(std::move(name), std::move(value)); }
     // The whole answer, once.
     void respond(int status, std::string body, const char* content_type = "application/json");
     // A JSON error {"error": code, "message": message}, with Retry-After when given.
@@ -108,6 +110,7 @@ private:
     bool answered_ = false;
     bool gone_ = false;
     std::optional<Answer> answer_;
+    std::vector<std::pair<std::string, std::string>> extra_headers_;
     std::string stream_;        // streamed bytes; the sent prefix is dropped now and then
     size_t stream_sent_ = 0;
     bool stream_finished_ = false;

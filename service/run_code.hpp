@@ -13,9 +13,6 @@
 
 namespace agentvm {
 
-// The largest /run_code body (its files travel base64 inside the JSON).
-inline constexpr size_t max_run_code_body = size_t{16} << 20;
-
 void run_code(SandboxManager& manager, const std::shared_ptr<HttpExchange>& exchange);
 
 } // namespace agentvm

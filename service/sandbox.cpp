@@ -3,6 +3,7 @@
 #include <signal.h>
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include <fmt/format.h>
@@ -134,6 +135,23 @@ void Sandbox::forget(uint64_t call)
 {
     if (auto it = calls_.find(call); it != calls_.end())
         it->second.handlers = CallHandlers{[](Json&&) {}, [](Json&&) {}};
+}
+
+std::optional<uint64_t> Sandbox::history_seq_of(uint64_t call) const
+{
+    const auto it = calls_.find(call);
+    return it == calls_.end() ? std::nullopt : it->second.history_seq;
+}
+
+bool Sandbox::cancel(uint64_t seq, std::function<void(Json&& answer)> on_answer)
+{
+    const auto it = std::find_if(calls_.begin(), calls_.end(),
+                                 [seq](const auto& entry) { return entry.second.history_seq == seq; });
+    if (it == calls_.end())
+        return false;
+    send(Json{{"op", "cancel"}, {"call", it->first}},
+         Call{CallHandlers{[](Json&&) {}, std::move(on_answer)}, std::nullopt, false});
+    return true;
 }
 
 void Sandbox::on_line(std::string&& line)

@@ -70,6 +70,11 @@ public:
     void record_end(uint64_t seq, const Json& answer) { history_.end(seq, answer); }
     // The caller went away: the call runs on in the guest and is still recorded, unanswered.
     void forget(uint64_t call);
+    // The history entry of a running call, if it has one.
+    std::optional<uint64_t> history_seq_of(uint64_t call) const;
+    // Cancels the running call recorded as history entry `seq` (the agent's cancel);
+    // `on_answer` gets the agent's answer. False when no call of that entry is running.
+    bool cancel(uint64_t seq, std::function<void(Json&& answer)> on_answer);
 
     // Ends the episode (SIGTERM): running calls answer `stopped`, then on_exit.
     void stop(std::string why);

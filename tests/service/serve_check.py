@@ -442,6 +442,112 @@ def run_code():
            "rust a SandboxError naming it, every sandbox deleted"
 
 
+def code_cancel_file_info():
+    s = create()
+    sid = s["id"]
+    first = ok_json("POST", f"/v1/sandboxes/{sid}/run_code", {"code": "x = 21\nx * 2"})
+    expect(first["result"] == "42" and first["exception"] is None and first["state_lost"] is False
+           and first["timed_out"] is False, f"run_code: {first}")
+    status, headers, data = request("POST", f"/v1/sandboxes/{sid}/run_code", {"code": "x / 0"})
+    raised = json.loads(data)
+    expect(status == 200 and raised["exception"]["type"] == "ZeroDivisionError", f"exception: {status} {data!r}")
+    seq = headers.get("X-Agentvm-Call")
+    history = ok_json("GET", f"/v1/sandboxes/{sid}/history")["calls"]
+    expect(seq is not None and history[int(seq) - 1]["request"] == {"op": "run_code", "code": "x / 0"},
+           f"X-Agentvm-Call {seq} vs history {history}")
+    expect(ok_json("POST", f"/v1/sandboxes/{sid}/run_code", {"code": "x"})["result"] == "21", "state lost")
+    STATE["calls"] += 3
+
+    result = {}
+
+    def long_call():
+        result["r"] = request("POST", f"/v1/sandboxes/{sid}/exec", {"argv": ["sleep", "60"], "timeout": 600})
+
+    caller = threading.Thread(target=long_call)
+    caller.start()
+    running = None
+    for _ in range(600):
+        calls = ok_json("GET", f"/v1/sandboxes/{sid}/history")["calls"]
+        running = next((c for c in calls if c.get("running")), None)
+        if running:
+            break
+        time.sleep(0.05)
+    expect(running is not None, "the long call never showed as running")
+    time.sleep(0.5)  # let the guest start it
+    cancelled = ok_json("DELETE", f"/v1/sandboxes/{sid}/calls/{running['seq']}")
+    caller.join(60)
+    expect(not caller.is_alive(), "the cancelled call did not answer")
+    status, headers, data = result["r"]
+    answer = json.loads(data)
+    expect(cancelled == {"running": True} and status == 200 and answer.get("cancelled") is True
+           and answer["signal"] == 9 and headers.get("X-Agentvm-Call") == str(running["seq"]),
+           f"cancel: {cancelled} -> {status} {answer}")
+    again = ok_json("DELETE", f"/v1/sandboxes/{sid}/calls/{running['seq']}")
+    expect(again == {"running": False}, f"second cancel: {again}")
+    for bad in ("999", "0", "x"):
+        status, _, data = request("DELETE", f"/v1/sandboxes/{sid}/calls/{bad}")
+        expect(status == 404 and json_error(data) == "not_found", f"cancel {bad}: {status} {data!r}")
+    STATE["calls"] += 1
+
+    status, _, data = request("PUT", f"/v1/sandboxes/{sid}/files?path=/tmp/info/a.txt", b"12345")
+    expect(status == 422, f"upload into a missing directory: {status} {data!r}")
+    exec_(sid, ["mkdir", "-p", "/tmp/info/sub"])
+    STATE["calls"] += 1
+    status, _, data = request("PUT", f"/v1/sandboxes/{sid}/files?path=/tmp/info/a.txt", b"12345")
+    expect(status == 200, f"upload: {status} {data!r}")
+    info = ok_json("GET", f"/v1/sandboxes/{sid}/files/stat?path=/tmp/info/a.txt")
+    expect(info["ok"] is True and info["type"] == "file" and info["size"] == 5 and info["mtime"] > 0,
+           f"stat: {info}")
+    listed = ok_json("GET", f"/v1/sandboxes/{sid}/files/list?path=/tmp/info")
+    expect([(e["name"], e["type"]) for e in listed["entries"]] == [("a.txt", "file"), ("sub", "dir")]
+           and listed["truncated"] is False, f"list: {listed}")
+    one = ok_json("GET", f"/v1/sandboxes/{sid}/files/list?path=/tmp/info&max_entries=1")
+    expect(len(one["entries"]) == 1 and one["truncated"] is True, f"list max_entries=1: {one}")
+    for path, code, error in (("files/stat?path=/nope", 422, "not_found"), ("files/list?path=/nope", 422, "not_found"),
+                              ("files/list?path=/tmp&max_entries=0", 400, "bad_field"),
+                              ("files/stat", 400, "missing_field")):
+        status, _, data = request("GET", f"/v1/sandboxes/{sid}/{path}")
+        expect(status == code and json_error(data) == error, f"{path}: {status} {data!r}")
+    delete(sid)
+    return "run_code keeps state and answers exceptions 200, X-Agentvm-Call matches the history, " \
+           "a running exec cancelled (then not running; unknown calls 404), stat and list with their errors"
+
+
+def run_jupyter():
+    def run(**body):
+        r = ok_json("POST", "/run_jupyter", body)
+        expect(set(r) == {"status", "message", "driver", "cells", "executor_pod_name", "files"}, f"fields: {sorted(r)}")
+        STATE["run_code"] = STATE.get("run_code", 0) + 1
+        return r
+
+    files = {"in.txt": base64.b64encode(b"7").decode()}
+    r = run(cells=["a = int(open('in.txt').read())", "a * 6", "print(a)", "import sys; sys.stderr.write('e')",
+                   "open('out.txt', 'w').write(str(a))", "raise RuntimeError('boom')", "print('never')"],
+            files=files, fetch_files=["out.txt"])
+    cells = r["cells"]
+    expect(r["status"] == "Failed" and r["driver"]["status"] == "Finished" and len(cells) == 6, f"cells: {r}")
+    expect(cells[1]["display"] == [{"text/plain": "42"}] and cells[2]["stdout"] == "7\n"
+           and cells[3]["stderr"] == "e" and cells[0]["display"] == [] and cells[0]["error"] == [], f"cells: {cells}")
+    error = cells[5]["error"][0]
+    expect(error["ename"] == "RuntimeError" and error["evalue"] == "boom" and isinstance(error["traceback"], list)
+           and error["traceback"][-1] == "RuntimeError: boom\n", f"error: {error}")
+    expect(r["files"] == {"out.txt": base64.b64encode(b"7").decode()}, f"files: {r['files']}")
+    r = run(cells=["import time", "time.sleep(30)"], cell_timeout=2)
+    expect(r["status"] == "Failed" and r["driver"]["status"] == "TimeLimitExceeded"
+           and r["cells"][1]["error"][0]["ename"] == "KeyboardInterrupt", f"timeout: {r}")
+    STATE["timeouts"] = STATE.get("timeouts", 0) + 1
+    r = run(cells=["1 + 1"])
+    expect(r["status"] == "Success" and r["cells"][0]["display"] == [{"text/plain": "2"}], f"success: {r}")
+    for body, what in (({"cells": []}, "no cells"), ({"cells": ["1"], "kernel": "ruby"}, "kernel"),
+                       ({"cells": [1]}, "cell type")):
+        status, _, data = request("POST", "/run_jupyter", body)
+        expect(status == 400 and json_error(data) == "bad_field", f"{what}: {status} {data!r}")
+    listed = ok_json("GET", "/v1/sandboxes")["sandboxes"]
+    expect(not listed, f"run_jupyter left sandboxes: {listed}")
+    return "cells share state, display/stdout/stderr/error per cell, stop at the first error, " \
+           "cell_timeout interrupts, files in and out, bad requests 400, every sandbox deleted"
+
+
 def metrics_match():
     wait_pool_ready(POOL)
     m = metrics()
@@ -653,7 +759,7 @@ def plan_calibrates():
 
 
 SHARED = [pool_warm_and_cold, state_within_not_across, big_file_both_ways, streaming, timeouts, vm_killed,
-          errors, run_code, metrics_match]
+          errors, run_code, code_cancel_file_info, run_jupyter, metrics_match]
 # After the shared serve has stopped: these count every agentvm process of the machine.
 ALONE = [drain_with_call_in_flight, soak_no_leaks, kill9_leaves_nothing, memory_reserve_refuses, pool_warmup,
          plan_calibrates]

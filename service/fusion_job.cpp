@@ -1,0 +1,195 @@
+#include "service/fusion_job.hpp"
+
+#include <cmath>
+#include <filesystem>
+#include <set>
+
+#include <fmt/format.h>
+
+#include "common/base64.hpp"
+#include "service/api_error.hpp"
+
+namespace agentvm {
+namespace {
+
+std::string in_work_dir(const std::string& path)
+{
+    return path.starts_with('/') ? path : std::string(fusion_work_dir) + "/" + path;
+}
+
+std::string error_message(const Json& answer)
+{
+    std::string why = answer.contains("error") && answer["error"].is_object() ? answer["error"].value("message", "") : "";
+    try {
+        why += get_bytes(answer, "stderr").value_or("");
+    } catch (const CallError&) {
+    }
+    return why;
+}
+
+} // namespace
+
+Json fusion_body(const std::string& text)
+{
+    Json body = Json::parse(text, nullptr, false);
+    if (!body.is_object())
+        throw ApiError(400, "bad_json", "the body must be a JSON object");
+    return body;
+}
+
+double fusion_number(const Json& body, const char* name, double fallback, double min, double max)
+{
+    if (!body.contains(name) || body[name].is_null())
+        return fallback;
+    const Json& value = body[name];
+    if (!value.is_number() || !std::isfinite(value.get<double>()) || value.get<double>() < min
+        || value.get<double>() > max)
+        throw_bad_field(fmt::format("\"{}\" must be a number from {} to {}", name, min, max));
+    return value.get<double>();
+}
+
+FusionFiles parse_fusion_files(const Json& body)
+{
+    FusionFiles parsed;
+    if (body.contains("files") && !body["files"].is_null()) {
+        if (!body["files"].is_object())
+            throw_bad_field("\"files\" must be an object of path -> base64 content");
+        for (const auto& [path, content] : body["files"].items()) {
+            if (content.is_null())
+                continue;
+            if (path.empty() || path.find('\0') != std::string::npos || !content.is_string())
+                throw_bad_field(fmt::format("\"files\": \"{:.64}\" must be a path with base64 content", path));
+            auto bytes = base64_decode(content.get<std::string>());
+            if (!bytes)
+                throw_bad_field(fmt::format("\"files\": the content of \"{:.64}\" is not base64", path));
+            parsed.files.emplace_back(path, std::move(*bytes));
+        }
+    }
+    if (body.contains("fetch_files") && !body["fetch_files"].is_null()) {
+        if (!body["fetch_files"].is_array())
+            throw_bad_field("\"fetch_files\" must be an array of paths");
+        for (const Json& path : body["fetch_files"]) {
+            if (!path.is_string() || path.get<std::string>().empty())
+                throw_bad_field("\"fetch_files\" must be an array of non-empty paths");
+            parsed.fetch_files.push_back(path.get<std::string>());
+        }
+    }
+    return parsed;
+}
+
+FusionJob::FusionJob(SandboxManager& manager, std::shared_ptr<HttpExchange> exchange, FusionFiles files)
+    : manager_(manager), exchange_(std::move(exchange)), files_(std::move(files))
+{
+}
+
+void FusionJob::start(double lifetime_s, Json metadata)
+{
+    auto self = shared_from_this();
+    Sandbox::Settings settings;
+    settings.timeout = std::chrono::seconds(static_cast<int64_t>(std::ceil(lifetime_s)));
+    settings.metadata = std::move(metadata);
+    manager_.create(manager_.default_pool(), std::move(settings), [self](Sandbox* sandbox, const Refusal* refusal) {
+        if (refusal)
+            return self->exchange_->respond_error(refusal->status, refusal->code, refusal->message,
+                                                  refusal->retry_after_s);
+        self->sandbox_ = self->manager_.find(sandbox->id());
+        self->sandbox_id_ = sandbox->id();
+        self->make_dirs();
+    });
+}
+
+void FusionJob::make_dirs()
+{
+    std::set<std::string> dirs{fusion_work_dir};
+    for (const auto& [path, bytes] : files_.files) {
+        const std::string parent = std::filesystem::path(in_work_dir(path)).parent_path().string();
+        if (!parent.empty())
+            dirs.insert(parent);
+    }
+    Json argv = Json::array({"mkdir", "-p", "--"});
+    for (const std::string& dir : dirs)
+        argv.push_back(dir);
+    auto self = shared_from_this();
+    send(Json{{"op", "exec"}, {"argv", argv}}, [self](Json&& answer) {
+        if (answer.contains("error") || answer.value("exit_code", 1) != 0)
+            return self->sandbox_error("making the work directory failed: " + error_message(answer));
+        self->write_files();
+        self->run();
+    });
+}
+
+void FusionJob::write_files()
+{
+    // write_file is handled in order before the calls that follow it on the connection, so
+    // the job's run may be sent at once.
+    auto self = shared_from_this();
+    for (const auto& [path, bytes] : files_.files) {
+        Json request{{"op", "write_file"}, {"path", in_work_dir(path)}};
+        put_bytes(request, "data", bytes);
+        send(std::move(request), [self, path](Json&& answer) {
+            if (answer.contains("error"))
+                self->write_failed_ = "writing " + path + ": " + error_message(answer);
+        });
+    }
+}
+
+void FusionJob::done(const char* status)
+{
+    if (!write_failed_.empty())
+        return sandbox_error(write_failed_);
+    fetch_next(0, status);
+}
+
+void FusionJob::fetch_next(size_t index, const char* status)
+{
+    if (index == files_.fetch_files.size())
+        return respond(status, "");
+    auto self = shared_from_this();
+    const std::string path = files_.fetch_files[index];
+    auto content = std::make_shared<std::string>();
+    CallHandlers handlers;
+    handlers.on_event = [content](Json&& event) {
+        try {
+            content->append(get_bytes(event, "data").value_or(""));
+        } catch (const CallError&) {
+        }
+    };
+    handlers.on_answer = [self, path, content, index, status](Json&& answer) {
+        // A file the run did not leave is left out, as SandboxFusion does.
+        if (!answer.contains("error"))
+            self->fetched_[path] = base64_encode(*content);
+        self->fetch_next(index + 1, status);
+    };
+    if (auto sandbox = sandbox_.lock())
+        sandbox->call(Json{{"op", "read_file"}, {"path", in_work_dir(path)}}, std::nullopt, std::move(handlers));
+}
+
+void FusionJob::sandbox_error(const std::string& message)
+{
+    respond("SandboxError", message);
+}
+
+void FusionJob::respond(const char* status, const std::string& message)
+{
+    if (answered_)
+        return;
+    answered_ = true;
+    Json answer{{"status", status}, {"message", message}};
+    describe(answer);
+    Json files = Json::object();
+    for (const auto& [path, content] : fetched_)
+        files[path] = content;
+    answer["executor_pod_name"] = sandbox_id_.empty() ? Json(nullptr) : Json(sandbox_id_);
+    answer["files"] = std::move(files);
+    exchange_->respond(200, answer.dump(-1, ' ', false, Json::error_handler_t::replace) + "\n");
+    if (auto sandbox = manager_.find(sandbox_id_))
+        manager_.remove(*sandbox, "done");
+}
+
+void FusionJob::send(Json request, std::function<void(Json&&)> on_answer)
+{
+    if (auto sandbox = sandbox_.lock())
+        sandbox->call(std::move(request), std::nullopt, CallHandlers{[](Json&&) {}, std::move(on_answer)});
+}
+
+} // namespace agentvm
