@@ -3,6 +3,7 @@
 #   unit  in build/ and again in build-asan/ (AddressSanitizer + UBSan)
 #   kvm   tiny freestanding guests on this host's /dev/kvm (skipped without one)
 #   vm    the real kernel and rootfs, through tests/testhost/run
+#   the Python client's pytest suite, through tests/testhost/run
 set -uo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$repo"
@@ -76,17 +77,36 @@ else
   status=1
 fi
 
-python3 - build-asan/meson-logs/testlog.json build-fuzz/meson-logs/testlog.json build/meson-logs/testlog.json <<'PY'
+# --- the Python client (python/tests, pytest: every test against both transports) --------
+# Where a real guest boots: here on hardware KVM, else in the test host, one boot for all.
+say "Python client (pytest, python/tests/run.sh)"
+rm -f build/python-tests.xml  # never count an earlier run's
+AGENTVM_TESTHOST_QUIET=1 python/tests/run.sh -p no:cacheprovider --junitxml=build/python-tests.xml || status=1
+
+python3 - build-asan/meson-logs/testlog.json build-fuzz/meson-logs/testlog.json build/meson-logs/testlog.json \
+  build/python-tests.xml <<'PY'
 import json, sys
+import xml.etree.ElementTree as ElementTree
 passed = failed = skipped = 0
 for path in sys.argv[1:]:
     try:
-        lines = open(path).read().splitlines()
+        text = open(path).read()
     except FileNotFoundError:
         failed += 1
-        print(f"tests: {path} missing: that build's tests never ran", file=sys.stderr)
+        print(f"tests: {path} missing: those tests never ran", file=sys.stderr)
         continue
-    for line in lines:
+    if path.endswith(".xml"):
+        # pytest's JUnit XML: a testcase with <failure> or <error> failed, with <skipped> skipped.
+        for case in ElementTree.fromstring(text).iter("testcase"):
+            kinds = {child.tag for child in case}
+            if kinds & {"failure", "error"}:
+                failed += 1
+            elif "skipped" in kinds:
+                skipped += 1
+            else:
+                passed += 1
+        continue
+    for line in text.splitlines():
         result = json.loads(line)["result"]
         if result in ("OK", "EXPECTEDFAIL"):
             passed += 1
