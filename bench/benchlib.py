@@ -1,12 +1,15 @@
 """What the benchmarks in bench/ share: where agentvm is, where real guests boot, and how a
 series of timings is summarised."""
+import json
 import math
 import os
+import select
 import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
+import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 AGENTVM = os.path.join(REPO, "build/agentvm")
@@ -103,3 +106,83 @@ def mem_available_kib():
             if line.startswith("MemAvailable:"):
                 return int(line.split()[1])
     sys.exit("bench: FAILED: no MemAvailable in /proc/meminfo")
+
+
+# A first call waits for the boot, which is slow under emulation.
+CALL_TIMEOUT_S = 120
+
+
+def fail(msg):
+    sys.stdout.flush()
+    sys.exit(f"bench/{os.path.basename(sys.argv[0])}: FAILED: {msg}")
+
+
+class Episode:
+    """One `agentvm episode` with one call in flight at a time, read without helper threads
+    so that the timing includes no thread hand-off on our side."""
+
+    def __init__(self, argv):
+        self.stderr = tempfile.TemporaryFile()
+        self.proc = subprocess.Popen(argv,
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr,
+                                     bufsize=0)
+        self.out = self.proc.stdout.fileno()
+        self.inp = self.proc.stdin.fileno()
+        self.pending = b""
+        self.next_id = 0
+
+    def _stderr_tail(self):
+        self.stderr.seek(0)
+        return self.stderr.read().decode(errors="replace")[-2000:]
+
+    def _read_line(self, deadline):
+        while b"\n" not in self.pending:
+            # The episode process answers or ends; a deadline guards against a hung guest.
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([self.out], [], [], left)[0]:
+                self.proc.kill()
+                fail(f"no answer from the episode in {CALL_TIMEOUT_S} s; stderr: {self._stderr_tail()}")
+            chunk = os.read(self.out, 65536)
+            if not chunk:
+                fail(f"the episode ended (exit {self.proc.wait()}) with a call unanswered; "
+                     f"stderr: {self._stderr_tail()}")
+            self.pending += chunk
+        line, self.pending = self.pending.split(b"\n", 1)
+        return line
+
+    def call(self, request):
+        """Sends one request; returns (seconds from write to response line, the agent's duration_ms)."""
+        self.next_id += 1
+        data = json.dumps({"id": self.next_id, **request}).encode() + b"\n"
+        deadline = time.monotonic() + CALL_TIMEOUT_S
+        start = time.perf_counter()
+        try:
+            os.write(self.inp, data)
+        except BrokenPipeError:
+            fail(f"the episode ended (exit {self.proc.wait()}) before taking a call; "
+                 f"stderr: {self._stderr_tail()}")
+        line = self._read_line(deadline)
+        took = time.perf_counter() - start
+        try:
+            msg = json.loads(line)
+        except ValueError:
+            fail(f"not a JSON line from the episode: {line[:200]!r}")
+        if msg.get("id") != self.next_id:
+            fail(f"answer to {request} has id {msg.get('id')!r}, expected {self.next_id}: {line[:300]!r}")
+        if "error" in msg or "event" in msg:
+            fail(f"{request} answered {line[:300]!r}")
+        got = (msg.get("exit_code"), msg.get("signal"), msg.get("timed_out"), msg.get("stdout"), msg.get("stderr"))
+        if got != (0, None, False, "", ""):
+            fail(f"{request} should exit 0 silently, answered {line[:300]!r}")
+        return took, msg.get("duration_ms")
+
+    def close(self):
+        self.proc.stdin.close()
+        try:
+            code = self.proc.wait(timeout=CALL_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            fail(f"the episode did not end within {CALL_TIMEOUT_S} s of its stdin closing")
+        if code != 0 or self.pending:
+            fail(f"the episode ended with exit {code}, unread output {self.pending[:200]!r}; "
+                 f"stderr: {self._stderr_tail()}")
