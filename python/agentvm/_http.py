@@ -364,19 +364,28 @@ class ServiceTransport:
         ctx = _Ctx()
         stream = bool(body.get("stream"))
 
+        seq: List[Optional[int]] = [None]
+
         def on_response(resp: http.client.HTTPResponse) -> bytes:
-            seq = resp.getheader("X-Agentvm-Call")
+            header = resp.getheader("X-Agentvm-Call")
+            seq[0] = int(header) if header is not None and header.isdigit() else None
             if on_ref is not None:
                 # None when serve sends no call seq: such a call cannot be cancelled.
-                loop.call_soon_threadsafe(on_ref, int(seq) if seq is not None and seq.isdigit() else None)
+                loop.call_soon_threadsafe(on_ref, seq[0])
             if not stream:
                 return resp.read()
             assert on_event is not None
             return _ndjson_reader(lambda m: loop.call_soon_threadsafe(on_event, m), ctx)(resp)
 
-        resp = await self.client.request("POST", self._path(op), json_body=body, soft=soft_timeout + self.grace,
-                                         hard=hard_timeout, on_response=on_response, ctx=ctx,
-                                         what=f"{op} call")
+        try:
+            resp = await self.client.request("POST", self._path(op), json_body=body,
+                                             soft=soft_timeout + self.grace, hard=hard_timeout,
+                                             on_response=on_response, ctx=ctx, what=f"{op} call")
+        except (CallTimeout, asyncio.CancelledError):
+            # Given up on: stop it in the sandbox too (serve only forgets a call whose client went).
+            if seq[0] is not None:
+                loop.create_task(self._cancel_quietly(seq[0]))
+            raise
         if not 200 <= resp.status < 300:
             err = http_error(resp)
             if isinstance(err, SandboxDied):
@@ -397,6 +406,12 @@ class ServiceTransport:
                 self._gone = err
             raise err
         return msg
+
+    async def _cancel_quietly(self, ref: int) -> None:
+        try:
+            await self.cancel(ref)
+        except Exception:
+            pass
 
     async def cancel(self, ref: Any) -> bool:
         doc = await self._json("DELETE", self._path(f"calls/{int(ref)}"))

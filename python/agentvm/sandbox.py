@@ -338,7 +338,9 @@ class AsyncCommands:
             return handle
 
         ct = t if t is not None else DEFAULT_CALL_TIMEOUT
-        stream = on_stdout is not None or on_stderr is not None
+        # Service calls always stream: the answer's headers then come at once with the call's
+        # seq, with which a call given up on (client deadline, cancellation) is cancelled.
+        stream = on_stdout is not None or on_stderr is not None or sb.mode == "service"
         if argv is not None:
             op = "exec"
             body = sb._exec_body(argv, call_envs, cwd, stdin_bytes, mo)
@@ -658,7 +660,7 @@ class AsyncSandbox:
         if mo is not None:
             body["max_output"] = mo
         collector = None
-        if on_stdout is not None or on_stderr is not None:
+        if on_stdout is not None or on_stderr is not None or self.mode == "service":
             collector = _Collector(on_stdout, on_stderr)
             body["stream"] = self._stream_value
         msg = await self._transport.call("run_code", body, on_event=collector.on_event if collector else None,

@@ -9,7 +9,7 @@ from the repository root:
 
 Every test that takes the ``target`` fixture runs twice: ``embedded`` (each sandbox an
 ``agentvm episode`` subprocess) and ``service`` (one ``build/agentvm-serve`` per session,
-``--pool default=4``, on a Unix socket under ``build/tmp/``; stopped at the end of the
+``--pool default=4``, on a Unix socket under ``$TMPDIR``; stopped at the end of the
 session, which must exit 0 and leave neither its socket nor any episode process behind).
 """
 from __future__ import annotations
@@ -97,7 +97,9 @@ class Serve:
     """One agentvm-serve for the session."""
 
     def __init__(self) -> None:
-        self.dir = tempfile.mkdtemp(prefix="pytest-serve-", dir=tmp_root())
+        # Not under build/tmp: in the test host that is a 9p share, where Unix sockets cannot
+        # be bound (ENXIO); $TMPDIR is the test host's own tmpfs.
+        self.dir = tempfile.mkdtemp(prefix="agentvm-pytest-serve-")
         self.socket = os.path.join(self.dir, "serve.sock")
         self.log_path = os.path.join(self.dir, "serve.log")
         self.log = open(self.log_path, "wb")

@@ -176,7 +176,7 @@ def test_binary_lookup(target: dict) -> None:
 def test_service_token_capacity_and_env() -> None:
     """A serve of its own with a token and room for one sandbox: AGENTVM_URL/AGENTVM_TOKEN pick
     it, a missing token is 401, a second sandbox 429 at_capacity with Retry-After."""
-    d = tempfile.mkdtemp(prefix="pytest-serve2-", dir=tmp_root())
+    d = tempfile.mkdtemp(prefix="agentvm-pytest-serve2-")  # not on a 9p share: a socket lives here
     sock = os.path.join(d, "s.sock")
     token_file = os.path.join(d, "token")
     with open(token_file, "w") as f:
