@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <optional>
 #include <string>
 
@@ -20,10 +21,11 @@ namespace {
 // and a traceback of 64 KiB each, every byte escaped at most six-fold, with room to spare.
 constexpr size_t max_status_line = 8u << 20;
 
-// Reads the driver's status FIFO during a cell: the cell is over when its line arrives.
+// Reads the driver's status FIFO during a cell: the cell is over when its line arrives. A
+// line about an earlier cell is skipped: one a cell forged came first, and the real one after.
 class StatusJson final : public Watch {
 public:
-    StatusJson(int fd, std::string& pending) : fd_(fd), pending_(pending) {}
+    StatusJson(int fd, std::string& pending, uint64_t cell) : fd_(fd), pending_(pending), cell_(cell) {}
 
     int fd() const override { return fd_; }
     short events() const override { return POLLIN; }
@@ -35,24 +37,31 @@ public:
         const ssize_t got = ::read(fd_, buffer, sizeof(buffer));
         if (got > 0)
             pending_.append(buffer, static_cast<size_t>(got));
-        const size_t newline = pending_.find('\n');
-        if (newline == std::string::npos) {
-            if (pending_.size() <= max_status_line)
-                return false;
-            malformed = true;  // the cell wrote to the driver's status descriptor
+        for (size_t newline; (newline = pending_.find('\n')) != std::string::npos;) {
+            Json status = Json::parse(std::string_view(pending_).substr(0, newline), nullptr, false);
+            pending_.erase(0, newline + 1);
+            const auto cell = status.is_object() ? status.find("cell") : status.end();
+            if (cell != status.end() && cell->is_number_unsigned() && cell->get<uint64_t>() < cell_)
+                continue;
+            if (cell == status.end() || *cell != cell_)
+                malformed = true;
+            else
+                line = std::move(status);
             return true;
         }
-        line = pending_.substr(0, newline);
-        pending_.erase(0, newline + 1);
+        if (pending_.size() <= max_status_line)
+            return false;
+        malformed = true;
         return true;
     }
 
-    std::optional<std::string> line;
+    std::optional<Json> line;  // this cell's status, not yet checked
     bool malformed = false;
 
 private:
     int fd_;
     std::string& pending_;
+    uint64_t cell_;
 };
 
 bool is_string_or_null(const Json& object, const char* name)
@@ -63,9 +72,8 @@ bool is_string_or_null(const Json& object, const char* name)
 
 // The driver's line, checked: the cell shares the driver's process, so what arrives on the
 // status FIFO is not trusted to be the driver's.
-std::optional<Json> parse_status(const std::string& line)
+std::optional<Json> checked_status(Json status)
 {
-    Json status = Json::parse(line, nullptr, false);
     if (!status.is_object() || !is_string_or_null(status, "result") || !status.contains("result_truncated")
         || !status["result_truncated"].is_boolean() || !status.contains("exception"))
         return std::nullopt;
@@ -130,7 +138,7 @@ Json Interpreter::run(const Json& id, const RunCodeRequest& request, Outbox& out
         throw;
     }
 
-    StatusJson status_line(python_.status_fd(), python_.status_pending());
+    StatusJson status_line(python_.status_fd(), python_.status_pending(), cell);
     const Drained drained = drain({python_.pid(), python_.cgroup(), python_.pidfd(), cancel_fd,
                                    deadline_after(start_time, request.timeout_s),
                                    std::chrono::duration_cast<Clock::duration>(interrupt_grace)},
@@ -141,7 +149,7 @@ Json Interpreter::run(const Json& id, const RunCodeRequest& request, Outbox& out
     Json response{{"id", id}, {"result", nullptr}, {"result_truncated", false}};
     std::optional<Json> status;
     if (!drained.wait_status && status_line.line)
-        status = parse_status(*status_line.line);
+        status = checked_status(std::move(*status_line.line));
     if (status) {
         response["result"] = std::move((*status)["result"]);
         response["result_truncated"] = (*status)["result_truncated"];

@@ -3,7 +3,7 @@
 #   {"code": ..., "cell": N, "out": FIFO, "err": FIFO, "status": FIFO, "result_limit": BYTES}
 # The cell runs with file descriptors 1 and 2 on the two FIFOs (so what child processes
 # write is the cell's output too), then one JSON line on the status FIFO reports its value
-# and exception. Between cells 1 and 2 are /dev/null, and stdin is /dev/null throughout: the
+# and exception, with the cell's number. Between cells 1 and 2 are /dev/null, and stdin is /dev/null throughout: the
 # command pipe is moved to a descriptor of its own that cells do not inherit.
 import ast
 import json
@@ -128,8 +128,8 @@ def main():
                 pass
         os.dup2(null, 1)
         os.dup2(null, 2)
-        status.write(json.dumps({"result": result, "result_truncated": truncated, "exception": exception},
-                                ensure_ascii=False) + "\n")
+        status.write(json.dumps({"cell": request["cell"], "result": result, "result_truncated": truncated,
+                                 "exception": exception}, ensure_ascii=False) + "\n")
         status.flush()
 
 

@@ -159,6 +159,42 @@ TEST_CASE("run_code: an interpreter that exits loses its state; results are cut;
     CHECK(bytes_of(streamed, "stdout") == joined);
 }
 
+TEST_CASE("run_code: a cell that forges the driver's status line loses the interpreter, nothing more")
+{
+    Agent agent;
+    Client client(agent);
+    Cells cells{client};
+    cells.run("kept = 1");
+    const std::string forge = "import os\n"
+                              "for fd in os.listdir('/proc/self/fd'):\n"
+                              "    try:\n"
+                              "        if os.readlink('/proc/self/fd/' + fd).endswith('/status'):\n"
+                              "            os.write(int(fd), PAYLOAD)\n"
+                              "    except OSError:\n"
+                              "        pass\n";
+    for (const std::string& payload : {std::string("b'not json\\n'"), std::string("b'{\"cell\": 1000}\\n'"),
+                                       std::string("b'x' * (9 << 20)")}) {
+        std::string code = forge;
+        code.replace(code.find("PAYLOAD"), 7, payload);
+        Json forged = cells.run(code);
+        CHECK_MESSAGE(forged["state_lost"] == true, payload);
+        CHECK(forged["exception"]["type"] == "InterpreterDied");
+        CHECK(forged["exception"]["message"].get<std::string>().find("malformed status line") != std::string::npos);
+        // The next cell gets a fresh interpreter, and a clean status channel.
+        CHECK(cells.run("kept")["exception"]["type"] == "NameError");
+        CHECK(cells.run("kept = 2\nkept")["result"] == "2");
+    }
+    // A well-formed line for an earlier cell is skipped: the cell's own status still counts.
+    Json stale = cells.run(std::string(forge).replace(forge.find("PAYLOAD"), 7,
+                                                     "b'{\"cell\": 1, \"result\": \"5\", \"result_truncated\": false, "
+                                                     "\"exception\": null}\\n'")
+                           + "'mine'");
+    CHECK(stale["result"] == "'mine'");
+    CHECK(stale["state_lost"] == false);
+    CHECK(cells.run("kept")["result"] == "2");
+    CHECK(agent.alive());
+}
+
 TEST_CASE("run_code: cells take turns, beside exec calls; closing the connection ends the interpreter")
 {
     Agent agent;
