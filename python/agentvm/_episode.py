@@ -295,7 +295,9 @@ class EpisodeTransport:
             elif status is not None and status in _EXIT_CODES:
                 code = _EXIT_CODES[status]
             elif status is not None and status > 128:
-                code = "stopped"
+                # 128+N: agentvm got signal N (stopped), or its VMM was killed by signal N (the
+                # relay lives in the VMM, so no call was answered; the supervisor says which).
+                code = "vm_died" if "VMM was killed" in stderr else "stopped"
             else:
                 code = "exited"
             why = f"agentvm episode exited {status}"

@@ -204,3 +204,11 @@ def mem_available_mib() -> int:
 
 def dump(obj: Any) -> str:
     return json.dumps(obj, default=str)[:2000]
+
+
+def history_of(sb: Sandbox) -> Any:
+    """A service sandbox's call history (GET /v1/sandboxes/{id}/history)."""
+    s = _serve["s"]
+    status, data = unix_get(s.socket, f"/v1/sandboxes/{sb.sandbox_id}/history")
+    assert status == 200, data
+    return json.loads(data)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from agentvm import AsyncSandbox, Sandbox
-from conftest import run_async
+from conftest import history_of, run_async
 
 
 @pytest.mark.parametrize("kwargs, exc", [
@@ -41,7 +41,7 @@ def test_mode_specific_arguments(target: dict) -> None:
             Sandbox(token="t")
 
 
-@pytest.mark.parametrize("cmd, kwargs, exc", [
+BAD_COMMANDS = [
     (42, {}, TypeError),
     ([], {}, ValueError),
     (["ls", 3], {}, TypeError),
@@ -63,12 +63,24 @@ def test_mode_specific_arguments(target: dict) -> None:
     ("true", {"background": True, "check": True}, ValueError),
     ("true", {"request_timeout": -1}, ValueError),
     (["cat"], {"stdin": b"x" * (65 << 20)}, ValueError),  # over the 64 MiB line limit
-])
-def test_command_arguments(sandbox: Sandbox, cmd: object, kwargs: dict, exc: type) -> None:
-    with pytest.raises(exc):
-        sandbox.commands.run(cmd, **kwargs)  # type: ignore[arg-type]
-    # Nothing was sent: the sandbox is fine and its history (service) has no failed call.
+]
+
+
+def test_command_arguments(sandbox: Sandbox) -> None:
+    for cmd, kwargs, exc in BAD_COMMANDS:
+        case = f"run({repr(cmd)[:60]}, {sorted(kwargs)})"
+        try:
+            sandbox.commands.run(cmd, **kwargs)  # type: ignore[arg-type]
+        except exc:
+            continue
+        except Exception as e:
+            raise AssertionError(f"{case} raised {e!r}, not {exc.__name__}") from e
+        raise AssertionError(f"{case} was not refused")
+    # Nothing was sent: the sandbox is fine and its first call is this one.
     assert sandbox.commands.run(["echo", "fine"]).stdout == "fine\n"
+    if sandbox.mode == "service":
+        history = history_of(sandbox)
+        assert [c["request"].get("argv") for c in history["calls"]] == [["echo", "fine"]], history
 
 
 def test_file_and_code_arguments(sandbox: Sandbox) -> None:

@@ -29,9 +29,10 @@ def test_write_read_small(sandbox: Sandbox) -> None:
 
 
 def test_write_mode_and_info(sandbox: Sandbox) -> None:
-    sandbox.files.write("/tmp/run.sh", "#!/bin/sh\necho ran\n", mode=0o755)
+    script = "#!/bin/sh\necho ran\n"
+    sandbox.files.write("/tmp/run.sh", script, mode=0o755)
     info = sandbox.files.info("/tmp/run.sh")
-    assert (info.type, info.size, info.mode) == ("file", 20, 0o755)
+    assert (info.type, info.size, info.mode) == ("file", len(script), 0o755)
     assert info.mtime > 0
     assert sandbox.commands.run(["/tmp/run.sh"]).stdout == "ran\n"
     sandbox.files.write("/tmp/ro.txt", "x", mode="0600")
