@@ -203,9 +203,13 @@ class HttpClient:
                 hdrs = {k.lower(): v for k, v in resp.getheaders()}
                 if on_response is not None and 200 <= resp.status < 300:
                     data = on_response(resp)
+                    # read1() does not close a Content-Length body it has read to its end, and
+                    # an unclosed response makes the connection's next request fail.
+                    if not resp.isclosed():
+                        resp.read()
                 else:
                     data = resp.read()
-                if resp.will_close or ctx.aborted:
+                if resp.will_close or ctx.aborted or not resp.isclosed():
                     conn.close()
                 else:
                     self._release(conn)

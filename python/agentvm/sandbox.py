@@ -531,8 +531,8 @@ class AsyncSandbox:
         self.commands = AsyncCommands(self)
         self.files = AsyncFiles(self)
         self._killed = False
-        # Embedded: the sandbox's envs are exported in the shell before its first call (and
-        # again after a shell was killed); serve does that itself.
+        # Embedded: the sandbox's envs are exported in the shell before its first call (serve
+        # does that itself), and in both modes again after a shell was killed.
         self._shell_env_pending = bool(envs) and mode == "embedded"
         self._stream_value: Any = "only" if mode == "embedded" else True
 
@@ -709,8 +709,10 @@ class AsyncSandbox:
                         self._shell_env_pending = True
                 except Exception:
                     self._shell_env_pending = True
-        if self.mode == "embedded" and self.envs and (msg.get("timed_out") or msg.get("cancelled")):
-            self._shell_env_pending = True  # that shell was killed; the next call starts a fresh one
+        if self.envs and (msg.get("timed_out") or msg.get("cancelled")):
+            # That shell was killed; the next call starts a fresh one, which gets the envs
+            # again (serve exports them only before a sandbox's first shell call).
+            self._shell_env_pending = True
         return msg
 
 
