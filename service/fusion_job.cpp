@@ -123,9 +123,10 @@ void FusionJob::write_files()
     // write_file is handled in order before the calls that follow it on the connection, so
     // the job's run may be sent at once.
     auto self = shared_from_this();
-    for (const auto& [path, bytes] : files_.files) {
+    for (const auto& file : files_.files) {
+        const std::string& path = file.first;
         Json request{{"op", "write_file"}, {"path", in_work_dir(path)}};
-        put_bytes(request, "data", bytes);
+        put_bytes(request, "data", file.second);
         send(std::move(request), [self, path](Json&& answer) {
             if (answer.contains("error"))
                 self->write_failed_ = "writing " + path + ": " + error_message(answer);
