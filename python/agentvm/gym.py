@@ -17,6 +17,7 @@ Actions (dicts): ``{"tool":"shell","cmd":STR[,"timeout":S]}``, ``{"tool":"exec",
 from __future__ import annotations
 
 import inspect
+import posixpath
 from typing import Any, Awaitable, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from . import _loop
@@ -111,11 +112,15 @@ class AsyncAgentvmEnv:
         self.done = True
 
     async def reset(self) -> str:
-        """A fresh sandbox (the previous one is killed), with ``setup_files`` written and
-        ``setup_commands`` run (each must exit 0); returns the task text as the observation."""
+        """A fresh sandbox (the previous one is killed), with ``setup_files`` written (their
+        directories made first) and then ``setup_commands`` run (each must exit 0); returns the
+        task text as the observation."""
         await self.close()
         self.sandbox = await AsyncSandbox.create(**self.sandbox_options)
         try:
+            dirs = sorted({posixpath.dirname(p) for p in self.setup_files} - {"", "/"})
+            if dirs:
+                await self.sandbox.commands.run(["mkdir", "-p", "--", *dirs], check=True)
             for path, content in self.setup_files.items():
                 await self.sandbox.files.write(path, content)
             for cmd in self.setup_commands:
