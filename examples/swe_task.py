@@ -97,6 +97,7 @@ def git(repo: str, *args: str) -> str:
 
 def make_repo(root: str) -> Dict[str, str]:
     """The repository, its clone (the working tree to upload) and the fix as a patch."""
+    root = os.path.abspath(root)
     repo = os.path.join(root, "origin")
     for rel, text in FILES.items():
         os.makedirs(os.path.dirname(os.path.join(repo, rel)), exist_ok=True)
