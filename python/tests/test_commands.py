@@ -50,6 +50,8 @@ def test_shell_envs_and_cwd_do_not_leak(sandbox: Sandbox) -> None:
     assert r.stdout == "/etc\n[it's \"quoted\" $HOME]\n"
     r = sandbox.commands.run("pwd; echo \"[$Y]\"")
     assert r.stdout == "/tmp\n[]\n", "the call's cwd/envs leaked into the persistent shell"
+    r = sandbox.commands.run("pwd", cwd="/no/such/dir")
+    assert r.exit_code == 1 and "No such file or directory" in r.stderr and r.stdout == ""
 
 
 def test_signal_and_binary_output(sandbox: Sandbox) -> None:

@@ -66,6 +66,16 @@ def test_truncation_is_graded_and_default_reward(target: dict) -> None:
             _, r, term, trunc, _ = await env.step({"tool": "run_code", "code": "x"})
             assert (r, term, trunc) == (0.0, False, True)  # /tmp/done is not in the new sandbox
 
+        async def grade(sb: object) -> float:
+            # A callable grader gets the sandbox and returns the reward.
+            return float((await sb.files.read("/tmp/score")).decode())  # type: ignore[attr-defined]
+
+        async with AsyncAgentvmEnv(task="t", grader=grade, max_steps=5, sandbox_options=target) as env:
+            await env.reset()
+            await env.step({"tool": "write_file", "path": "/tmp/score", "content": "0.25"})
+            _, r, term, trunc, _ = await env.step({"tool": "submit"})
+            assert (r, term, trunc) == (0.25, True, False)
+
     run_async(main())
 
 

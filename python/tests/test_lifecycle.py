@@ -164,8 +164,13 @@ def test_binary_lookup(target: dict) -> None:
                      "    print('startfailed', e.message)\n")
             out = subprocess.run([sys.executable, "-c", code2], env=env, capture_output=True, text=True, timeout=60)
             assert "startfailed" in out.stdout and "fake binary was run" in out.stdout, out
-            # And PATH before the checkout.
+            # binary= before everything.
+            env["AGENTVM_BIN"] = os.path.join(BUILD, "agentvm")
+            code3 = code2.replace("agentvm.Sandbox()", f"agentvm.Sandbox(binary={fake!r})")
+            out = subprocess.run([sys.executable, "-c", code3], env=env, capture_output=True, text=True, timeout=60)
+            assert "fake binary was run" in out.stdout, out
             env.pop("AGENTVM_BIN")
+            # And PATH before the checkout.
             os.makedirs(os.path.join(d, "bin"))
             os.symlink(fake, os.path.join(d, "bin", "agentvm"))
             env["PATH"] = os.path.join(d, "bin")
@@ -215,3 +220,28 @@ def test_service_token_capacity_and_env() -> None:
     assert not os.path.exists(sock)
     assert not [p for p in episodes if alive(p)]
     shutil.rmtree(d, ignore_errors=True)
+
+
+def test_agentvm_args(target: dict) -> None:
+    if target:
+        with pytest.raises(ValueError):
+            Sandbox(agentvm_args=["--guest-pids", "77"], **target)
+        return
+    with Sandbox(agentvm_args=["--guest-pids", "77"]) as sb:
+        assert sb.commands.run(["cat", "/sys/fs/cgroup/tool-calls/pids.max"]).stdout == "77\n"
+
+
+def test_open_sandboxes_end_with_the_program(target: dict) -> None:
+    """A program that exits without kill(): its sandboxes end with it."""
+    env = dict(os.environ, PYTHONPATH=PYTHON_DIR)
+    if target:
+        env["AGENTVM_URL"] = target["url"]
+    code = ("import agentvm\nsb = agentvm.Sandbox()\nsb.commands.run('true')\n"
+            "print(sb.sandbox_id, sb.pid)\n")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    sandbox_id, pid = out.stdout.split()
+    wait_until(lambda: not alive(int(pid)), 60, f"the episode {pid} of an exited program ended")
+    if target:
+        status, data = unix_get(target["url"][len("unix:"):], f"/v1/sandboxes/{sandbox_id}")
+        assert status == 404 and b"deleted" in data, (status, data)
