@@ -58,7 +58,9 @@ GRADER = "cd /work && python3 -m unittest -q test_mathx >/dev/null 2>&1 && echo 
 async def episode(i: int, sandbox_options: Dict[str, Any], sem: asyncio.Semaphore) -> Dict[str, Any]:
     policy = "lazy" if i % 4 == 3 else "fixer"
     async with sem:
+        # Generous step timeouts: many guests may share few (or emulated) CPUs.
         env = AsyncAgentvmEnv(task="make the tests in /work pass", grader=GRADER, max_steps=8,
+                              step_timeout=600, grader_timeout=600,
                               setup_files={"/work/mathx.py": BUGGY, "/work/test_mathx.py": TESTS},
                               sandbox_options=sandbox_options)
         start = time.monotonic()
@@ -67,12 +69,12 @@ async def episode(i: int, sandbox_options: Dict[str, Any], sem: asyncio.Semaphor
             await env.reset()
             if policy == "fixer":
                 obs, *_ = await env.step({"tool": "shell", "cmd": "cd /work && python3 -m unittest -q test_mathx"})
-                steps.append("tests fail" if "FAILED" in obs else "tests pass?")
+                steps.append("tests fail" if "FAILED" in obs else f"unexpected: {obs[-300:]!r}")
                 source, *_ = await env.step({"tool": "read_file", "path": "/work/mathx.py"})
                 fixed = source.replace("return a - b", "return a + b")
                 await env.step({"tool": "write_file", "path": "/work/mathx.py", "content": fixed})
-                obs, *_ = await env.step({"tool": "shell", "cmd": "python3 -m unittest -q test_mathx"})
-                steps.append("tests pass" if "OK" in obs else "tests still fail")
+                obs, *_ = await env.step({"tool": "shell", "cmd": "cd /work && python3 -m unittest -q test_mathx"})
+                steps.append("tests pass" if "OK" in obs else f"tests still fail: {obs[-300:]!r}")
             obs, reward, terminated, truncated, info = await env.step({"tool": "submit"})
             return {"episode": i, "policy": policy, "reward": reward, "ok": terminated,
                     "seconds": time.monotonic() - start, "steps": steps}

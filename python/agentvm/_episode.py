@@ -331,6 +331,19 @@ class EpisodeTransport:
             self._signal(signal.SIGKILL)
         await asyncio.shield(self._reaper)
 
+    def kill_at_exit(self) -> None:
+        """kill() without the event loop, for interpreter exit: SIGTERM, then SIGKILL if the
+        episode has not ended 30 s later."""
+        if self.proc is None or self.proc.returncode is not None:
+            return
+        self._killing = True
+        self._signal(signal.SIGTERM)
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self._signal(signal.SIGKILL)
+            self.proc.wait(5)
+
     async def close(self) -> None:
         """Ends the episode gracefully: end of stdin; running calls are answered first."""
         if self._stdin_t is not None and not self._stdin_t.is_closing():

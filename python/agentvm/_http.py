@@ -491,6 +491,13 @@ class ServiceTransport:
         if self._gone is None or self._gone.code != "killed":
             self._gone = SandboxDied("killed", "the sandbox was killed")
 
+    def kill_at_exit(self) -> None:
+        """kill() without the event loop or the thread pool, for interpreter exit."""
+        if not self.sandbox_id or self._gone is not None:
+            return
+        self.client.blocking("DELETE", self._path(), None, self.client.headers(), _Ctx(), 30.0, None)
+        self._gone = SandboxDied("killed", "the sandbox was killed")
+
     async def is_running(self) -> bool:
         if self._gone is not None:
             return False

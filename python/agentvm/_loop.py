@@ -6,15 +6,17 @@ import asyncio
 import atexit
 import concurrent.futures
 import threading
-from typing import Any, Awaitable, Callable, Coroutine, Optional, Set, TypeVar
+from typing import Any, Callable, Coroutine, Optional, Set, TypeVar
 
 T = TypeVar("T")
 
 _lock = threading.Lock()
 _loop: Optional[asyncio.AbstractEventLoop] = None
 _thread: Optional[threading.Thread] = None
-# Cleanups (sync sandboxes still open) run at interpreter exit, before the loop goes away.
-_at_exit: Set[Callable[[], Awaitable[None]]] = set()
+# Blocking cleanups (of sandboxes still open) run at interpreter exit. They use neither this
+# loop nor the HTTP thread pool: by the time atexit handlers run, concurrent.futures has shut
+# its pools down already.
+_at_exit: Set[Callable[[], None]] = set()
 
 
 def _run(loop: asyncio.AbstractEventLoop, ready: threading.Event) -> None:
@@ -56,23 +58,19 @@ def run(coro: Coroutine[Any, Any, T]) -> T:
         raise
 
 
-def register_exit(cleanup: Callable[[], Awaitable[None]]) -> None:
+def register_exit(cleanup: Callable[[], None]) -> None:
     _at_exit.add(cleanup)
 
 
-def unregister_exit(cleanup: Callable[[], Awaitable[None]]) -> None:
+def unregister_exit(cleanup: Callable[[], None]) -> None:
     _at_exit.discard(cleanup)
 
 
 @atexit.register
 def _shutdown() -> None:
-    if _loop is None or _thread is None or not _thread.is_alive() or not _at_exit:
-        return
-
-    async def all_cleanups() -> None:
-        await asyncio.gather(*(c() for c in list(_at_exit)), return_exceptions=True)
-
-    try:
-        asyncio.run_coroutine_threadsafe(all_cleanups(), _loop).result(timeout=60)
-    except Exception:
-        pass
+    for cleanup in list(_at_exit):
+        try:
+            cleanup()
+        except Exception:
+            pass
+    _at_exit.clear()

@@ -244,14 +244,12 @@ class AgentvmEnv:
         return self._env.steps
 
     def reset(self) -> str:
-        _loop.register_exit(self._env.close)
         return _loop.run(self._env.reset())
 
     def step(self, action: Mapping[str, Any]) -> StepResult:
         return _loop.run(self._env.step(action))
 
     def close(self) -> None:
-        _loop.unregister_exit(self._env.close)
         _loop.run(self._env.close())
 
     def __enter__(self) -> "AgentvmEnv":

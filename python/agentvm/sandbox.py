@@ -573,7 +573,7 @@ class AsyncSandbox:
                 body["pool"] = pool
             service = ServiceTransport(HttpClient.get(url, token), grace=g)
             await service.create(body, st)
-            return cls(service, mode="service", envs=env, metadata=meta, timeout=t)
+            return cls(service, mode="service", envs=env, metadata=meta, timeout=t)._track()
         if pool is not None:
             raise ValueError("pool is for service mode (url= or AGENTVM_URL); embedded mode takes snapshot=")
         if token is not None:
@@ -583,7 +583,7 @@ class AsyncSandbox:
         args = [_text("agentvm_args item", a) for a in agentvm_args]
         episode = EpisodeTransport(find_agentvm(binary), snapshot=snapshot, timeout=t, extra_args=args, grace=g)
         await episode.start(st)
-        return cls(episode, mode="embedded", envs=env, metadata=meta, timeout=t)
+        return cls(episode, mode="embedded", envs=env, metadata=meta, timeout=t)._track()
 
     # -- identity and life ---------------------------------------------------------------------
 
@@ -606,6 +606,17 @@ class AsyncSandbox:
         """What is known of the sandbox (in service mode, serve's last description of it)."""
         return dict(self._transport.info())
 
+    def _track(self) -> "AsyncSandbox":
+        # A sandbox still open when the interpreter exits is killed then (embedded: SIGTERM;
+        # service: DELETE), without the event loop, which may be gone.
+        _loop.register_exit(self._kill_at_exit)
+        return self
+
+    def _kill_at_exit(self) -> None:
+        if not self._killed:
+            self._killed = True
+            self._transport.kill_at_exit()
+
     def _check_alive(self) -> None:
         if self._killed:
             raise SandboxDied("killed", "the sandbox was killed")
@@ -617,6 +628,7 @@ class AsyncSandbox:
         if self._killed:
             return
         self._killed = True
+        _loop.unregister_exit(self._kill_at_exit)
         await self._transport.kill()
 
     async def is_running(self) -> bool:
@@ -810,7 +822,6 @@ class Sandbox:
                                                                pool, **kwargs))
         self.commands = Commands(self._sb.commands)
         self.files = Files(self._sb.files)
-        _loop.register_exit(self._sb.kill)
 
     @classmethod
     def create(cls, *args: Any, **kwargs: Any) -> "Sandbox":
@@ -844,7 +855,6 @@ class Sandbox:
         return self._sb.info()
 
     def kill(self) -> None:
-        _loop.unregister_exit(self._sb.kill)
         _loop.run(self._sb.kill())
 
     def is_running(self) -> bool:
