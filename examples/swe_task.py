@@ -148,7 +148,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             found = sb.commands.run("for t in git tar patch python3; do command -v $t >/dev/null && echo $t; done")
             tools = found.stdout.split()
             report["guest_tools"] = tools
-            print(f"guest has: {', '.join(tools)} (missing: {', '.join(t for t in ('git', 'tar', 'patch') if t not in tools) or 'none'})")
+            missing = [t for t in ("git", "tar", "patch") if t not in tools]
+            print(f"guest has: {', '.join(tools)} (missing: {', '.join(missing) or 'none'})")
 
             sb.files.write("/tmp/repo.tar", tar_tree(made["clone"]))
             unpack = "tar -C /work -xf /tmp/repo.tar" if "tar" in tools else \
@@ -171,7 +172,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                 sb.files.write("/tmp/apply_patch.py", APPLY_PATCH)
                 how, cmd = "python3 apply_patch.py", "python3 /tmp/apply_patch.py /tmp/fix.patch"
             applied = sb.commands.run(f"cd /work/repo && {cmd}")
-            print(f"applied the patch with {how}: exit {applied.exit_code} {applied.stdout.strip()}{applied.stderr.strip()}")
+            print(f"applied the patch with {how}: exit {applied.exit_code} "
+                  f"{applied.stdout.strip()}{applied.stderr.strip()}")
             report["patch_applied_with"] = how
             report["patch_exit"] = applied.exit_code
 

@@ -131,7 +131,7 @@ class EpisodeTransport:
         self.extra_args = list(extra_args)
         self.grace = grace
         self.loop = asyncio.get_running_loop()
-        self.proc: Optional[subprocess.Popen] = None
+        self.proc: "Optional[subprocess.Popen[bytes]]" = None
         self.pid: Optional[int] = None
         self.sandbox_id = ""
         self.restored: Optional[bool] = None
@@ -177,7 +177,7 @@ class EpisodeTransport:
         self._stdout_t, _ = await self.loop.connect_read_pipe(lambda: _Stdout(self), self.proc.stdout)
         await self.loop.connect_read_pipe(lambda: _Stderr(self), self.proc.stderr)
         self._stdin_t, proto = await self.loop.connect_write_pipe(lambda: _Stdin(self), self.proc.stdin)
-        self._stdin_p = proto  # type: ignore[assignment]
+        self._stdin_p = proto
         self._watch_exit()
         try:
             ready = await asyncio.wait_for(asyncio.shield(self._ready), start_timeout)
@@ -193,7 +193,7 @@ class EpisodeTransport:
     def _watch_exit(self) -> None:
         assert self.proc is not None
         try:
-            fd = os.pidfd_open(self.proc.pid)  # type: ignore[attr-defined]
+            fd = os.pidfd_open(self.proc.pid)
         except (AttributeError, OSError):
             self._poll_exit()
             return
@@ -461,8 +461,8 @@ class EpisodeTransport:
         if on_ref is not None:
             on_ref(cid)
         try:
-            msg = await wait_answer(fut, soft=soft_timeout + self.grace, hard=hard_timeout,
-                                    last_activity=self._last_activity, what=f"{op} call {cid}")
+            msg: Dict[str, Any] = await wait_answer(fut, soft=soft_timeout + self.grace, hard=hard_timeout,
+                                                    last_activity=self._last_activity, what=f"{op} call {cid}")
         except (CallTimeout, asyncio.CancelledError):
             self._calls.pop(cid, None)
             if op in _CANCELLABLE and self._dead is None:

@@ -234,7 +234,7 @@ class HttpClient:
             if len(body) > MAX_LINE_BYTES:
                 raise ValueError(f"the request would be {len(body)} bytes; the protocol allows {MAX_LINE_BYTES} "
                                  f"(64 MiB)")
-        ctx = ctx or _Ctx()
+        live = ctx = ctx or _Ctx()
         limit = hard if hard is not None else soft
         sock_timeout = None if limit > 1e6 else limit + 30.0
         loop = asyncio.get_running_loop()
@@ -242,8 +242,9 @@ class HttpClient:
             self.blocking, method, path, body, h, ctx, sock_timeout, on_response))
         fut.add_done_callback(_retrieve)
         try:
-            return await wait_answer(fut, soft=soft, hard=hard, last_activity=lambda: ctx.last_rx,  # type: ignore[union-attr]
-                                     what=what or f"{method} {path}")
+            resp: Response = await wait_answer(fut, soft=soft, hard=hard, last_activity=lambda: live.last_rx,
+                                               what=what or f"{method} {path}")
+            return resp
         except (CallTimeout, asyncio.CancelledError):
             ctx.abort()
             raise
@@ -378,8 +379,14 @@ class ServiceTransport:
                 loop.call_soon_threadsafe(on_ref, seq[0])
             if not stream:
                 return resp.read()
-            assert on_event is not None
-            return _ndjson_reader(lambda m: loop.call_soon_threadsafe(on_event, m), ctx)(resp)
+            if on_event is None:
+                raise AssertionError("a streamed call needs on_event")
+            handler: OnEvent = on_event
+
+            def to_loop(m: Dict[str, Any]) -> None:
+                loop.call_soon_threadsafe(handler, m)
+
+            return _ndjson_reader(to_loop, ctx)(resp)
 
         try:
             resp = await self.client.request("POST", self._path(op), json_body=body,
@@ -429,7 +436,8 @@ class ServiceTransport:
         params: Dict[str, Any] = {"path": path}
         if max_entries is not None:
             params["max_entries"] = max_entries
-        return await self._json("GET", self._path("files/list") + "?" + urllib.parse.urlencode(params))  # type: ignore[no-any-return]
+        doc: Dict[str, Any] = await self._json("GET", self._path("files/list") + "?" + urllib.parse.urlencode(params))
+        return doc
 
     async def write_file(self, path: str, chunks: Iterable[bytes], mode: Optional[str],
                          hard_timeout: Optional[float], size: Optional[int] = None) -> int:

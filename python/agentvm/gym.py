@@ -139,7 +139,7 @@ class AsyncAgentvmEnv:
             if inspect.isawaitable(value):
                 value = await value
             return float(value), {}
-        result = await self.sandbox.commands.run(self.grader, timeout=self.grader_timeout)  # type: ignore[arg-type]
+        result = await self.sandbox.commands.run(self.grader, timeout=self.grader_timeout)
         return float(self.reward_fn(result)), {"grade": result}
 
     async def step(self, action: Mapping[str, Any]) -> StepResult:

@@ -10,8 +10,8 @@ import os
 import posixpath
 import re
 import shlex
-from typing import (Any, AsyncIterator, Awaitable, Callable, Dict, Iterable, Iterator, List, Mapping,
-                    Optional, Sequence, Tuple, Union)
+from typing import (Any, AsyncGenerator, Awaitable, Generator, Callable, Dict, Iterable, Iterator, List, Mapping,
+                    Optional, Sequence, Tuple, TypeVar, Union)
 
 from . import _loop
 from ._binary import find_agentvm
@@ -101,10 +101,9 @@ def _max_output(value: Any) -> Optional[int]:
     return value
 
 
-def _callback(name: str, value: Any) -> Optional[Output]:
+def _callback(name: str, value: Any) -> None:
     if value is not None and not callable(value):
         raise TypeError(f"{name} must be callable, not {type(value).__name__}")
-    return value
 
 
 def _mode(mode: Any) -> Optional[str]:
@@ -270,7 +269,7 @@ class AsyncCommandHandle:
             raise AgentvmError("not_cancellable", "serve sent no X-Agentvm-Call header for this call")
         return await self._sandbox._transport.cancel(ref)
 
-    async def iter_output(self) -> AsyncIterator[Tuple[str, str]]:
+    async def iter_output(self) -> AsyncGenerator[Tuple[str, str], None]:
         """``("stdout"|"stderr", text)`` chunks as they come, until the command ends. One
         consumer only."""
         while True:
@@ -346,7 +345,8 @@ class AsyncCommands:
             body = sb._exec_body(argv, call_envs, cwd, stdin_bytes, mo)
         else:
             op = "shell"
-            line = cmd if (not call_envs and cwd is None) else _shell_wrap(cmd, call_envs, cwd)  # type: ignore[arg-type]
+            assert isinstance(cmd, str)
+            line = cmd if (not call_envs and cwd is None) else _shell_wrap(cmd, call_envs, cwd)
             body = {"cmd": line}
             if mo is not None:
                 body["max_output"] = mo
@@ -422,7 +422,7 @@ class AsyncFiles:
         """The file decoded as UTF-8 (``errors="replace"``)."""
         return (await self.read(path)).decode("utf-8", errors="replace")
 
-    async def read_stream(self, path: str, *, request_timeout: Optional[float] = None) -> AsyncIterator[bytes]:
+    async def read_stream(self, path: str, *, request_timeout: Optional[float] = None) -> AsyncGenerator[bytes, None]:
         """The file's bytes in chunks (up to 1 MiB each) as they arrive, at the consumer's pace."""
         path = _path(path)
         rt = None if request_timeout is None else _number("request_timeout", request_timeout, low=0,
@@ -730,6 +730,28 @@ class AsyncSandbox:
 
 # -- sync API -------------------------------------------------------------------------------------
 
+Item = TypeVar("Item")
+
+
+def _sync_iter(agen: AsyncGenerator[Item, None]) -> Generator[Item, None, None]:
+    """An async generator consumed from another thread, one item at a time on the loop."""
+
+    async def next_item() -> Item:
+        return await agen.__anext__()
+
+    try:
+        while True:
+            try:
+                yield _loop.run(next_item())
+            except StopAsyncIteration:
+                return
+    finally:
+        async def close() -> None:
+            await agen.aclose()
+
+        _loop.run(close())
+
+
 class CommandHandle:
     """The blocking view of an :class:`AsyncCommandHandle`."""
 
@@ -753,16 +775,8 @@ class CommandHandle:
     def kill(self) -> bool:
         return _loop.run(self._h.kill())
 
-    def iter_output(self) -> Iterator[Tuple[str, str]]:
-        agen = self._h.iter_output()
-        try:
-            while True:
-                try:
-                    yield _loop.run(agen.__anext__())
-                except StopAsyncIteration:
-                    return
-        finally:
-            _loop.run(agen.aclose())
+    def iter_output(self) -> Generator[Tuple[str, str], None, None]:
+        return _sync_iter(self._h.iter_output())
 
 
 class Commands:
@@ -788,16 +802,8 @@ class Files:
     def read_text(self, path: str) -> str:
         return _loop.run(self._f.read_text(path))
 
-    def read_stream(self, path: str, **kwargs: Any) -> Iterator[bytes]:
-        agen = self._f.read_stream(path, **kwargs)
-        try:
-            while True:
-                try:
-                    yield _loop.run(agen.__anext__())
-                except StopAsyncIteration:
-                    return
-        finally:
-            _loop.run(agen.aclose())
+    def read_stream(self, path: str, **kwargs: Any) -> Generator[bytes, None, None]:
+        return _sync_iter(self._f.read_stream(path, **kwargs))
 
     def info(self, path: str) -> FileInfo:
         return _loop.run(self._f.info(path))

@@ -68,7 +68,7 @@ BAD_COMMANDS = [
 
 def test_command_arguments(sandbox: Sandbox) -> None:
     for cmd, kwargs, exc in BAD_COMMANDS:
-        case = f"run({repr(cmd)[:60]}, {sorted(kwargs)})"
+        case = f"run({repr(cmd)[:60]}, {sorted(kwargs)})"  # type: ignore[call-overload]
         try:
             sandbox.commands.run(cmd, **kwargs)  # type: ignore[arg-type]
         except exc:

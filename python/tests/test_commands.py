@@ -83,7 +83,8 @@ def test_not_found_and_spawn_failed(sandbox: Sandbox) -> None:
 
 
 def test_streaming_callbacks(sandbox: Sandbox) -> None:
-    out, err = [], []
+    out: list = []
+    err: list = []
     r = sandbox.commands.run("for i in 1 2 3; do echo line$i; echo e$i >&2; sleep 0.2; done",
                              on_stdout=out.append, on_stderr=err.append)
     assert "".join(out) == "line1\nline2\nline3\n" == r.stdout
