@@ -67,19 +67,26 @@ async def episode(i: int, sandbox_options: Dict[str, Any], sem: asyncio.Semaphor
         steps: List[str] = []
         try:
             await env.reset()
+
+            async def act(action: Dict[str, Any]) -> str:
+                obs, _, terminated, _, info = await env.step(action)
+                if terminated:  # the sandbox ended under the step
+                    raise RuntimeError(f"episode ended at step {info['step']}: {obs}")
+                return obs
+
             if policy == "fixer":
-                obs, *_ = await env.step({"tool": "shell", "cmd": "cd /work && python3 -m unittest -q test_mathx"})
+                obs = await act({"tool": "shell", "cmd": "cd /work && python3 -m unittest -q test_mathx"})
                 steps.append("tests fail" if "FAILED" in obs else f"unexpected: {obs[-300:]!r}")
-                source, *_ = await env.step({"tool": "read_file", "path": "/work/mathx.py"})
+                source = await act({"tool": "read_file", "path": "/work/mathx.py"})
                 fixed = source.replace("return a - b", "return a + b")
-                await env.step({"tool": "write_file", "path": "/work/mathx.py", "content": fixed})
-                obs, *_ = await env.step({"tool": "shell", "cmd": "cd /work && python3 -m unittest -q test_mathx"})
+                await act({"tool": "write_file", "path": "/work/mathx.py", "content": fixed})
+                obs = await act({"tool": "shell", "cmd": "cd /work && python3 -m unittest -q test_mathx"})
                 steps.append("tests pass" if "OK" in obs else f"tests still fail: {obs[-300:]!r}")
             obs, reward, terminated, truncated, info = await env.step({"tool": "submit"})
-            return {"episode": i, "policy": policy, "reward": reward, "ok": terminated,
+            return {"episode": i, "policy": policy, "reward": reward, "ok": terminated and "error" not in info,
                     "seconds": time.monotonic() - start, "steps": steps}
         except Exception as e:  # reported in the table, not fatal to the other episodes
-            return {"episode": i, "policy": policy, "reward": 0.0, "ok": False, "error": repr(e),
+            return {"episode": i, "policy": policy, "reward": 0.0, "ok": False, "error": str(e),
                     "seconds": time.monotonic() - start, "steps": steps}
         finally:
             await env.close()

@@ -709,7 +709,11 @@ class AsyncSandbox:
             exports = "export " + " ".join(f"{k}={shlex.quote(v)}" for k, v in self.envs.items())
             prelude = asyncio.get_running_loop().create_task(
                 t.call("shell", {"cmd": exports, "timeout": 60}, soft_timeout=60))
-            await asyncio.sleep(0)  # its line goes first; shell calls run in order
+            if self.mode == "embedded":
+                await asyncio.sleep(0)  # its line is written first; shell calls run in order
+            else:
+                # Two HTTP requests from the thread pool may arrive in either order: wait.
+                await asyncio.wait({prelude})
         try:
             msg = await t.call("shell", body, on_event=collector.on_event if collector else None,
                                soft_timeout=timeout, hard_timeout=hard)
