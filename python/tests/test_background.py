@@ -85,3 +85,10 @@ def test_background_async(target: dict) -> None:
             assert "".join(out) == "a\nb\n"
 
     run_async(main())
+
+
+def test_background_str_is_bash_c_without_the_shells_state(sandbox: Sandbox) -> None:
+    sandbox.commands.run("cd /tmp && export Z=1")
+    h = sandbox.commands.run('pwd; echo "[$Z][$W]"', background=True, cwd="/etc", envs={"W": "w"})
+    assert h.wait().stdout == "/etc\n[][w]\n"
+    assert sandbox.commands.run('pwd; echo "[$Z]"').stdout == "/tmp\n[1]\n"
