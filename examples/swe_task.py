@@ -104,6 +104,9 @@ def make_repo(root: str) -> Dict[str, str]:
         with open(os.path.join(repo, rel), "w") as f:
             f.write(text)
     git(root, "init", "-q", repo)
+    # Never let a git command below fall through to an enclosing repository (the checkout).
+    if not os.path.isdir(os.path.join(repo, ".git")):
+        raise RuntimeError(f"git init did not make {repo}/.git")
     git(repo, "add", "-A")
     git(repo, "-c", "user.name=agentvm", "-c", "user.email=agentvm@example.invalid", "commit", "-qm", "calc")
     path, old, new = FIX
