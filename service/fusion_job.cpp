@@ -19,15 +19,21 @@ std::string in_work_dir(const std::string& path)
 
 std::string error_message(const Json& answer)
 {
-    std::string why = answer.contains("error") && answer["error"].is_object() ? answer["error"].value("message", "") : "";
-    try {
-        why += get_bytes(answer, "stderr").value_or("");
-    } catch (const CallError&) {
-    }
-    return why;
+    const std::string why =
+        answer.contains("error") && answer["error"].is_object() ? answer["error"].value("message", "") : "";
+    return why + output_of(answer, "stderr");
 }
 
 } // namespace
+
+std::string output_of(const Json& answer, const char* stream)
+{
+    try {
+        return get_bytes(answer, stream).value_or("");
+    } catch (const CallError&) {
+        return "";
+    }
+}
 
 Json fusion_body(const std::string& text)
 {

@@ -38,6 +38,10 @@ FusionFiles parse_fusion_files(const Json& body);
 // A number field within [min, max], or `fallback` when absent; throws ApiError(400, bad_field).
 double fusion_number(const Json& body, const char* name, double fallback, double min, double max);
 
+// A call's "stdout" or "stderr" (either spelling of docs/protocol.md), empty when it has none
+// or it is malformed.
+std::string output_of(const Json& answer, const char* stream);
+
 class FusionJob : public std::enable_shared_from_this<FusionJob> {
 public:
     FusionJob(SandboxManager& manager, std::shared_ptr<HttpExchange> exchange, FusionFiles files);

@@ -60,13 +60,8 @@ FusionRequest parse_run_code_request(const std::string& text)
 
 Json command_result(const Json& answer)
 {
-    std::string out;
-    std::string err;
-    try {
-        out = get_bytes(answer, "stdout").value_or("");
-        err = get_bytes(answer, "stderr").value_or("");
-    } catch (const CallError&) {
-    }
+    const std::string out = output_of(answer, "stdout");
+    const std::string err = output_of(answer, "stderr");
     const bool timed_out = answer.value("timed_out", false);
     Json code = nullptr;
     if (!timed_out) {

@@ -57,13 +57,8 @@ Json traceback_lines(const std::string& text)
 
 Json cell_result(const Json& answer)
 {
-    std::string out;
-    std::string err;
-    try {
-        out = get_bytes(answer, "stdout").value_or("");
-        err = get_bytes(answer, "stderr").value_or("");
-    } catch (const CallError&) {
-    }
+    const std::string out = output_of(answer, "stdout");
+    const std::string err = output_of(answer, "stderr");
     Json display = Json::array();
     if (answer.contains("result") && answer["result"].is_string())
         display.push_back(Json{{"text/plain", answer["result"]}});

@@ -104,4 +104,13 @@ Drained drain(const Running& command, std::span<Capture, 2> captures, Watch& wat
     return result;
 }
 
+void put_outcome(Json& response, const Drained& drained, std::span<Capture, 2> captures, Clock::time_point start)
+{
+    if (drained.killed_by_cancel)
+        response["cancelled"] = true;
+    captures[0].put(response);
+    captures[1].put(response);
+    response["duration_ms"] = std::chrono::duration_cast<std::chrono::milliseconds>(drained.end - start).count();
+}
+
 } // namespace agentvm

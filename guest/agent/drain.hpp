@@ -68,4 +68,8 @@ struct Drained {
 Drained drain(const Running& command, std::span<Capture, 2> captures, Watch& watch, const Json& id, bool stream,
               Outbox& outbox);
 
+// The end every command call's response shares: "cancelled" when a cancel killed the command,
+// each stream's output and _truncated flag, and duration_ms from `start` to its end.
+void put_outcome(Json& response, const Drained& drained, std::span<Capture, 2> captures, Clock::time_point start);
+
 } // namespace agentvm

@@ -160,11 +160,7 @@ Json run_exec(const Json& id, const ExecRequest& request, Outbox& outbox, int ca
     response["timed_out"] = drained.timed_out;
     response["oom_killed"] = killed && WTERMSIG(wait_status) == SIGKILL && !drained.timed_out
         && !drained.cancelled && read_oom_kills() > oom_before;
-    if (drained.killed_by_cancel)
-        response["cancelled"] = true;
-    captures[0].put(response);
-    captures[1].put(response);
-    response["duration_ms"] = std::chrono::duration_cast<std::chrono::milliseconds>(drained.end - start).count();
+    put_outcome(response, drained, captures, start);
     return response;
 }
 

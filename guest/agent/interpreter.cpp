@@ -116,35 +116,27 @@ Json Interpreter::run(const Json& id, const RunCodeRequest& request, Outbox& out
         }
     }
     const uint64_t cell = python_.next_command();
-    const std::string out_path = python_.path_of("out." + std::to_string(cell));
-    const std::string err_path = python_.path_of("err." + std::to_string(cell));
+    SessionProcess::Fifo out(python_, "out." + std::to_string(cell));
+    SessionProcess::Fifo err(python_, "err." + std::to_string(cell));
     Capture captures[2] = {
-        {"stdout", python_.make_fifo(out_path), request.max_output, request.output_in_response},
-        {"stderr", python_.make_fifo(err_path), request.max_output, request.output_in_response},
+        {"stdout", std::move(out.fd), request.max_output, request.output_in_response},
+        {"stderr", std::move(err.fd), request.max_output, request.output_in_response},
     };
 
     const Clock::time_point start_time = Clock::now();
     const Json command{{"code", request.code},
                        {"cell", cell},
-                       {"out", out_path},
-                       {"err", err_path},
+                       {"out", out.path},
+                       {"err", err.path},
                        {"status", python_.status_path()},
                        {"result_limit", std::min(request.max_output, max_result_bytes)}};
-    try {
-        python_.send(to_line(command));
-    } catch (const CallError&) {
-        ::unlink(out_path.c_str());
-        ::unlink(err_path.c_str());
-        throw;
-    }
+    python_.send(to_line(command));
 
     StatusJson status_line(python_.status_fd(), python_.status_pending(), cell);
     const Drained drained = drain({python_.pid(), python_.cgroup(), python_.pidfd(), cancel_fd,
                                    deadline_after(start_time, request.timeout_s),
                                    std::chrono::duration_cast<Clock::duration>(interrupt_grace)},
                                   captures, status_line, id, request.stream, outbox);
-    ::unlink(out_path.c_str());
-    ::unlink(err_path.c_str());
 
     Json response{{"id", id}, {"result", nullptr}, {"result_truncated", false}};
     std::optional<Json> status;
@@ -169,11 +161,7 @@ Json Interpreter::run(const Json& id, const RunCodeRequest& request, Outbox& out
     }
     response["timed_out"] = drained.timed_out;
     response["state_lost"] = !status;
-    if (drained.killed_by_cancel)
-        response["cancelled"] = true;
-    captures[0].put(response);
-    captures[1].put(response);
-    response["duration_ms"] = std::chrono::duration_cast<std::chrono::milliseconds>(drained.end - start_time).count();
+    put_outcome(response, drained, captures, start_time);
     return response;
 }
 

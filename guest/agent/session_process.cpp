@@ -1,5 +1,6 @@
 #include "guest/agent/session_process.hpp"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -35,7 +36,17 @@ bool SessionProcess::running()
     return pid_ > 0;
 }
 
-Fd SessionProcess::make_fifo(const std::string& path)
+SessionProcess::Fifo::Fifo(SessionProcess& session, const std::string& name)
+    : path(session.dir_ + "/" + name), fd(session.open_fifo(path))
+{
+}
+
+SessionProcess::Fifo::~Fifo()
+{
+    ::unlink(path.c_str());
+}
+
+Fd SessionProcess::open_fifo(const std::string& path)
 {
     if (::mkfifo(path.c_str(), 0600) != 0)
         fail(kind_, "mkfifo " + path);
@@ -55,7 +66,7 @@ void SessionProcess::start(std::vector<std::string> argv)
         fail(kind_, "mkdtemp");
     dir_ = dir;
     try {
-        status_ = make_fifo(status_path());
+        status_ = open_fifo(status_path());
 
         ExecRequest request;
         request.argv = std::move(argv);
@@ -112,8 +123,14 @@ void SessionProcess::stop()
     status_pending_.clear();
     cgroup_.reset();
     if (!dir_.empty()) {
-        // Only FIFOs of ours live there; each command removes its own.
-        ::unlink(status_path().c_str());
+        // Only FIFOs of ours live there: the status FIFO, and those of a command that ended
+        // with the child (their Fifo objects, still alive in the call, find them gone).
+        if (DIR* dir = ::opendir(dir_.c_str())) {
+            while (const dirent* entry = ::readdir(dir))
+                if (std::string_view(entry->d_name) != "." && std::string_view(entry->d_name) != "..")
+                    ::unlinkat(::dirfd(dir), entry->d_name, 0);
+            ::closedir(dir);
+        }
         ::rmdir(dir_.c_str());
         dir_.clear();
     }

@@ -44,11 +44,19 @@ public:
     // Writes a command to the child's stdin. Throws CallError(spawn_failed) when the child
     // does not take it (it is stopped then).
     void send(std::string_view text);
-    // A FIFO for one command's output, open for reading (non-blocking): the child opens
-    // `path` for writing.
-    Fd make_fifo(const std::string& path);
-    std::string path_of(const std::string& name) const { return dir_ + "/" + name; }
-    std::string status_path() const { return path_of("status"); }
+
+    // A FIFO in the session's directory for one command's output, open for reading
+    // (non-blocking), for the child to open `path` for writing; removed when this goes.
+    struct Fifo {
+        Fifo(SessionProcess& session, const std::string& name);
+        ~Fifo();
+        Fifo(const Fifo&) = delete;
+        Fifo& operator=(const Fifo&) = delete;
+
+        std::string path;
+        Fd fd;  // moved out to whoever reads it; the FIFO is still removed
+    };
+    std::string status_path() const { return dir_ + "/status"; }
     // Numbers the session's commands from 1.
     uint64_t next_command() { return ++commands_; }
 
@@ -60,6 +68,8 @@ public:
     std::string& status_pending() { return status_pending_; }
 
 private:
+    Fd open_fifo(const std::string& path);
+
     const char* kind_;
     pid_t pid_ = -1;
     Fd pidfd_;

@@ -88,30 +88,22 @@ Json Shell::run(const Json& id, const ShellRequest& request, Outbox& outbox, int
     if (!bash_.running())
         start();
     const std::string n = std::to_string(bash_.next_command());
-    const std::string out_path = bash_.path_of("out." + n);
-    const std::string err_path = bash_.path_of("err." + n);
+    SessionProcess::Fifo out(bash_, "out." + n);
+    SessionProcess::Fifo err(bash_, "err." + n);
     Capture captures[2] = {
-        {"stdout", bash_.make_fifo(out_path), request.max_output, request.output_in_response},
-        {"stderr", bash_.make_fifo(err_path), request.max_output, request.output_in_response},
+        {"stdout", std::move(out.fd), request.max_output, request.output_in_response},
+        {"stderr", std::move(err.fd), request.max_output, request.output_in_response},
     };
 
     const Clock::time_point start_time = Clock::now();
-    try {
-        bash_.send("eval " + quote(request.cmd) + " >" + quote(out_path) + " 2>" + quote(err_path)
-                   + " </dev/null 3>&-; printf '%d\\n' \"$?\" >&3\n");
-    } catch (const CallError&) {
-        ::unlink(out_path.c_str());
-        ::unlink(err_path.c_str());
-        throw;
-    }
+    bash_.send("eval " + quote(request.cmd) + " >" + quote(out.path) + " 2>" + quote(err.path)
+               + " </dev/null 3>&-; printf '%d\\n' \"$?\" >&3\n");
 
     StatusLine status_line(bash_.status_fd(), bash_.status_pending());
     const Drained drained = drain({bash_.pid(), bash_.cgroup(), bash_.pidfd(), cancel_fd,
                                    deadline_after(start_time, request.timeout_s)},
                                   captures, status_line, id, request.stream, outbox);
 
-    ::unlink(out_path.c_str());
-    ::unlink(err_path.c_str());
     Json response{{"id", id}};
     if (drained.wait_status) {
         // bash is gone: `exit`, a timeout or a cancel. Its jobs go with it.
@@ -126,11 +118,7 @@ Json Shell::run(const Json& id, const ShellRequest& request, Outbox& outbox, int
     }
     response["timed_out"] = drained.timed_out;
     response["oom_killed"] = false;
-    if (drained.killed_by_cancel)
-        response["cancelled"] = true;
-    captures[0].put(response);
-    captures[1].put(response);
-    response["duration_ms"] = std::chrono::duration_cast<std::chrono::milliseconds>(drained.end - start_time).count();
+    put_outcome(response, drained, captures, start_time);
     return response;
 }
 

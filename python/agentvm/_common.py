@@ -67,6 +67,14 @@ class Transport(Protocol):
     def info(self) -> Mapping[str, Any]: ...
 
 
+async def cancel_quietly(transport: Transport, ref: Any) -> None:
+    """Cancels a call the caller gave up on; a sandbox already gone has nothing to cancel."""
+    try:
+        await transport.cancel(ref)
+    except Exception:
+        pass
+
+
 async def wait_answer(fut: "asyncio.Future[Any]", *, soft: float, hard: Optional[float],
                       last_activity: Callable[[], float], what: str) -> Any:
     """Waits for ``fut`` until a deadline: ``hard`` seconds if given (fixed), else ``soft``

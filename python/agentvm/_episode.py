@@ -18,7 +18,7 @@ import subprocess
 from collections import deque
 from typing import Any, Awaitable, Callable, Deque, Dict, Iterable, List, Mapping, Optional
 
-from ._common import (DEFAULT_GRACE, MAX_LINE_BYTES, OnEvent, OnRef, put_bytes, wait_answer)
+from ._common import (DEFAULT_GRACE, MAX_LINE_BYTES, OnEvent, OnRef, cancel_quietly, put_bytes, wait_answer)
 from .errors import (SANDBOX_DEATH_CODES, AgentvmError, CallTimeout, SandboxDied, StartFailed,
                      error_from_protocol)
 from .models import byte_field
@@ -466,16 +466,10 @@ class EpisodeTransport:
         except (CallTimeout, asyncio.CancelledError):
             self._calls.pop(cid, None)
             if op in _CANCELLABLE and self._dead is None:
-                self.loop.create_task(self._cancel_quietly(cid))
+                self.loop.create_task(cancel_quietly(self, cid))
             raise
         self._raise_error(msg)
         return msg
-
-    async def _cancel_quietly(self, ref: Any) -> None:
-        try:
-            await self.cancel(ref)
-        except Exception:
-            pass
 
     async def cancel(self, ref: Any) -> bool:
         msg = await self.call("cancel", {"call": ref}, soft_timeout=0.0)

@@ -22,7 +22,7 @@ import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Awaitable, Callable, Dict, Iterable, List, Mapping, Optional, Tuple
 
-from ._common import DEFAULT_GRACE, MAX_LINE_BYTES, OnEvent, OnRef, wait_answer
+from ._common import DEFAULT_GRACE, MAX_LINE_BYTES, OnEvent, OnRef, cancel_quietly, wait_answer
 from .errors import (AgentvmError, CallTimeout, SandboxDied, ServiceError, error_from_protocol)
 
 _executor_lock = threading.Lock()
@@ -395,7 +395,7 @@ class ServiceTransport:
         except (CallTimeout, asyncio.CancelledError):
             # Given up on: stop it in the sandbox too (serve only forgets a call whose client went).
             if seq[0] is not None:
-                loop.create_task(self._cancel_quietly(seq[0]))
+                loop.create_task(cancel_quietly(self, seq[0]))
             raise
         if not 200 <= resp.status < 300:
             err = http_error(resp)
@@ -417,12 +417,6 @@ class ServiceTransport:
                 self._gone = err
             raise err
         return msg
-
-    async def _cancel_quietly(self, ref: int) -> None:
-        try:
-            await self.cancel(ref)
-        except Exception:
-            pass
 
     async def cancel(self, ref: Any) -> bool:
         doc = await self._json("DELETE", self._path(f"calls/{int(ref)}"))

@@ -19,8 +19,23 @@ def byte_field(msg: Mapping[str, Any], name: str) -> Optional[bytes]:
     return None
 
 
+class _Output:
+    """``stdout``/``stderr``: the output bytes of a result, decoded as UTF-8 (``errors="replace"``)."""
+
+    stdout_bytes: bytes
+    stderr_bytes: bytes
+
+    @property
+    def stdout(self) -> str:
+        return self.stdout_bytes.decode("utf-8", errors="replace")
+
+    @property
+    def stderr(self) -> str:
+        return self.stderr_bytes.decode("utf-8", errors="replace")
+
+
 @dataclass(frozen=True)
-class CommandResult:
+class CommandResult(_Output):
     """How a command ended (docs/protocol.md, "exec" and "shell"), with its output.
 
     ``stdout``/``stderr`` are the output decoded as UTF-8 (``errors="replace"``);
@@ -40,14 +55,6 @@ class CommandResult:
     stderr_truncated: bool = False
     duration: float = 0.0
     cancelled: bool = False
-
-    @property
-    def stdout(self) -> str:
-        return self.stdout_bytes.decode("utf-8", errors="replace")
-
-    @property
-    def stderr(self) -> str:
-        return self.stderr_bytes.decode("utf-8", errors="replace")
 
     @property
     def ok(self) -> bool:
@@ -94,7 +101,7 @@ class ExecutionError:
 
 
 @dataclass(frozen=True)
-class Execution:
+class Execution(_Output):
     """The answer of a ``run_code`` cell (docs/protocol.md, "run_code").
 
     ``result`` is ``repr()`` of the cell's last expression (None when it has none or it is
@@ -112,14 +119,6 @@ class Execution:
     stdout_truncated: bool = False
     stderr_truncated: bool = False
     cancelled: bool = False
-
-    @property
-    def stdout(self) -> str:
-        return self.stdout_bytes.decode("utf-8", errors="replace")
-
-    @property
-    def stderr(self) -> str:
-        return self.stderr_bytes.decode("utf-8", errors="replace")
 
     @property
     def error(self) -> Optional[ExecutionError]:
