@@ -15,6 +15,7 @@
 #include "cli/plan_command.hpp"
 #include "cli/serve_command.hpp"
 #include "cli/snapshot_command.hpp"
+#include "cli/template_command.hpp"
 #include "common/error.hpp"
 #include "protocol/agent_protocol.hpp"
 
@@ -42,7 +43,7 @@ int run_command_line(int argc, char** argv)
     app.add_option("--log-level", log_level, "trace, debug, info, warn, error, critical or off")
         ->capture_default_str();
 
-    const std::vector<Subcommand> commands = {
+    std::vector<Subcommand> commands = {
         add_run_command(app),
         add_episode_command(app),
         add_boot_command(app),
@@ -50,6 +51,8 @@ int run_command_line(int argc, char** argv)
         add_serve_command(app),
         add_plan_command(app),
     };
+    for (Subcommand& command : add_template_commands(app))
+        commands.push_back(std::move(command));
 
     try {
         app.parse(argc, argv);

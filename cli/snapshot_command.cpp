@@ -32,25 +32,59 @@ struct BakeOptions {
     std::string out;
     double boot_timeout_s = 60;
     bool json = false;
+    std::vector<std::string> run;      // shell commands that must succeed, their writes kept
+    std::vector<std::string> warm_up;  // shell commands that load caches (must succeed too)
+    double step_timeout_s = 1800;
 };
 
-// The calls a bake runs before it pauses the guest: they load what every tool call needs (the
-// agent's exec path, bash, libc) into the guest's page cache and caches, so that the snapshot
-// holds them and restored VMs neither read them from disk nor dirty pages loading them. The
-// first runs alone, under KVM's dirty log: the pages it writes are the snapshot's warm pages
-// (vmm/warm_pages.hpp), those a restored VM's first call writes. The shell session's pages
-// are left out: they are many, and an idle VM would carry them all (measured in the test host:
-// 868 warm pages with it, idle VMs 4.1 MiB private instead of the 3 MiB we allow).
-std::vector<Json> warm_up_calls()
-{
-    return {Json{{"id", "agentvm-warm-exec"}, {"op", "exec"}, {"argv", {"true"}}},
-            Json{{"id", "agentvm-warm-shell"}, {"op", "shell"}, {"cmd", "true"}}};
-}
+// One call the bake makes of the agent, in order, each sent once the one before is answered.
+struct BakeCall {
+    Json call;
+    std::string what;        // for messages: "--run 2 (make -j4)"
+    bool log_writes = false; // the warm pages: answered under KVM's dirty log
+    bool closes = false;     // the agent closes the connection after answering
+    // Ours, to warm caches: in an image without the program (a distroless or busybox image
+    // lacking `true` or a shell) its not_found answer is no failure.
+    bool may_be_missing = false;
+};
 
 constexpr const char* close_id = "agentvm-bake";
+// What a --run or --warm-up step may print that a failure then shows.
+constexpr uint64_t step_output_bytes = 64 * 1024;
+// An answer line: a step's output (base64 at worst) and the rest of the response.
+constexpr size_t max_answer_line = 4 * step_output_bytes + 64 * 1024;
 
-// Their answers and close's are three short lines; anything larger is not a working agent.
-constexpr size_t max_warm_up_answers = 64 * 1024;
+// The calls a bake runs before it pauses the guest. First the user's --run steps and
+// --warm-up commands (each `/bin/sh -c` in its own process, as a Containerfile's RUN: what
+// they write to the disk is in the snapshot, their processes end with the connection). Then
+// ours: they load what every tool call needs (the agent's exec path, bash, libc) into the
+// guest's page cache and caches, so that the snapshot holds them and restored VMs neither read
+// them from disk nor dirty pages loading them. The first of ours runs alone, under KVM's dirty
+// log: the pages it writes are the snapshot's warm pages (vmm/warm_pages.hpp), those a
+// restored VM's first call writes. The shell session's pages are left out: they are many, and
+// an idle VM would carry them all (measured in the test host: 868 warm pages with it, idle VMs
+// 4.1 MiB private instead of the 3 MiB we allow).
+std::vector<BakeCall> bake_calls(const BakeOptions& options)
+{
+    std::vector<BakeCall> calls;
+    const auto add_steps = [&](const std::vector<std::string>& commands, const char* flag) {
+        for (size_t i = 0; i < commands.size(); ++i)
+            calls.push_back({Json{{"id", fmt::format("agentvm{}-{}", flag, i + 1)},
+                                  {"op", "exec"},
+                                  {"argv", {"/bin/sh", "-c", commands[i]}},
+                                  {"timeout", options.step_timeout_s},
+                                  {"max_output", step_output_bytes}},
+                             fmt::format("{} {} ({})", flag, i + 1, commands[i].substr(0, 80))});
+    };
+    add_steps(options.run, "--run");
+    add_steps(options.warm_up, "--warm-up");
+    calls.push_back(
+        {Json{{"id", "agentvm-warm-exec"}, {"op", "exec"}, {"argv", {"true"}}}, "the warm-up exec", true, false, true});
+    calls.push_back({Json{{"id", "agentvm-warm-shell"}, {"op", "shell"}, {"cmd", "true"}}, "the warm-up shell call", false,
+                     false, true});
+    calls.push_back({Json{{"id", close_id}, {"op", "close"}}, "close", false, true});
+    return calls;
+}
 
 // After the agent has closed the connection, the guest still tears the warm-up calls down in
 // the background (their processes' exit, their cgroups' removal, RCU callbacks). A snapshot
@@ -60,30 +94,38 @@ constexpr size_t max_warm_up_answers = 64 * 1024;
 constexpr auto bake_settle = std::chrono::milliseconds(500);
 
 // A few hundred bytes into a socket whose peer has read everything before: written whole.
-void send_lines(int fd, const std::vector<Json>& calls)
+void send_line(int fd, const Json& call)
 {
-    std::string lines;
-    for (const Json& call : calls)
-        lines += to_line(call);
-    if (::write(fd, lines.data(), lines.size()) != static_cast<ssize_t>(lines.size()))
-        throw_errno("sending the warm-up calls to the guest agent");
+    const std::string line = to_line(call);
+    if (::write(fd, line.data(), line.size()) != static_cast<ssize_t>(line.size()))
+        throw_errno("sending a bake call to the guest agent");
 }
 
-void check_warm_up_answers(const std::string& answers)
+// Why `answer` to `call` fails the bake, or "" when it succeeded.
+std::string failure_of(const BakeCall& call, const std::string& line)
 {
-    size_t succeeded = 0;
-    size_t begin = 0;
-    for (size_t end; (end = answers.find('\n', begin)) != std::string::npos; begin = end + 1) {
-        const Json answer = Json::parse(answers.substr(begin, end - begin), nullptr, false);
-        if (answer.is_object() && answer.value("id", "") == close_id && answer.value("ok", false))
-            continue;
-        if (answer.is_object() && answer.value("exit_code", -1) == 0)
-            ++succeeded;
-        else
-            throw Error("a warm-up call failed in the guest: " + answers.substr(begin, std::min<size_t>(end - begin, 300)));
+    const Json answer = Json::parse(line, nullptr, false);
+    if (!answer.is_object() || answer.value("id", Json()) != call.call["id"])
+        return fmt::format("the guest agent answered {} with something else: {}", call.what, line.substr(0, 300));
+    if (call.closes)
+        return answer.value("ok", false) ? "" : "the guest agent did not close: " + line.substr(0, 300);
+    if (answer.contains("error")) {
+        const Json& error = answer["error"];
+        if (call.may_be_missing && error.is_object() && error.value("code", "") == "not_found") {
+            spdlog::info("{} skipped: {}", call.what, error.value("message", ""));
+            return "";
+        }
+        return fmt::format("{} failed in the guest: {}", call.what, error.dump());
     }
-    if (succeeded != warm_up_calls().size())
-        throw Error(fmt::format("the guest agent answered {} of {} warm-up calls", succeeded, warm_up_calls().size()));
+    if (answer.value("exit_code", Json(-1)) == 0)
+        return "";
+    const auto text = [&](const char* stream) {
+        const std::string said = answer.value(stream, "");
+        return said.empty() ? "" : fmt::format("\n{}:\n{}", stream, said);
+    };
+    return fmt::format("{} failed in the guest: exit code {}, signal {}{}{}{}", call.what,
+                       answer.value("exit_code", Json()).dump(), answer.value("signal", Json()).dump(),
+                       answer.value("timed_out", false) ? " (timed out)" : "", text("stdout"), text("stderr"));
 }
 
 double ms_since(Clock::time_point start)
@@ -99,47 +141,71 @@ int run_bake(BakeOptions& options)
     options.vm.keep_writable_dir(writer.parent_dir());
     Fd agent;
     double ready_ms = 0;
-    std::string answers;
+    const std::vector<BakeCall> calls = bake_calls(options);
+    size_t next = 0;        // the call to send once the one in flight is answered
+    std::string pending;    // what the agent sent beyond the last whole line
+    std::string failure;
     LoopTimer settle(agent_vm.vm().event_loop(), [&] { agent_vm.finish("the agent is warm and idle"); });
-    // Once the agent answers, it runs the warm-up calls and is asked to close the connection,
-    // so that the snapshot holds an idle agent and no half-open stream; its end-of-file is the
-    // moment to stop the VM.
+    const auto send_next = [&] {
+        const BakeCall& call = calls[next++];
+        if (call.log_writes)
+            agent_vm.vm().start_write_log();
+        spdlog::debug("bake: {}", call.what);
+        send_line(agent.get(), call.call);
+    };
+    // Once the agent answers, the calls go one at a time, the last asking it to close the
+    // connection, so that the snapshot holds an idle agent and no half-open stream; its
+    // end-of-file is the moment to stop the VM.
     const auto on_connected = [&](Fd socket) {
         ready_ms = ms_since(start);
-        spdlog::info("agent ready after {:.0f} ms; warming up, then pausing the VM", ready_ms);
+        spdlog::info("agent ready after {:.0f} ms; {} before pausing the VM", ready_ms,
+                     options.run.empty() && options.warm_up.empty() ? "warming up" : "running the steps");
         agent = std::move(socket);
-        const std::vector<Json> calls = warm_up_calls();
-        agent_vm.vm().start_write_log();
-        send_lines(agent.get(), {calls.front()});
-        agent_vm.vm().event_loop().watch_readable(agent.get(), [&, calls] {
-            char buffer[4096];
+        send_next();
+        agent_vm.vm().event_loop().watch_readable(agent.get(), [&] {
+            char buffer[65536];
             const ssize_t n = ::read(agent.get(), buffer, sizeof buffer);
-            if (n > 0 && answers.size() + static_cast<size_t>(n) <= max_warm_up_answers) {
-                const bool first_answered = answers.find('\n') != std::string::npos;
-                answers.append(buffer, static_cast<size_t>(n));
-                if (!first_answered && answers.find('\n') != std::string::npos) {
-                    agent_vm.vm().stop_write_log();
-                    std::vector<Json> rest(calls.begin() + 1, calls.end());
-                    rest.push_back(Json{{"id", close_id}, {"op", "close"}});
-                    send_lines(agent.get(), rest);
-                }
-                return;
-            }
             if (n < 0 && (errno == EAGAIN || errno == EINTR))
                 return;
-            agent_vm.vm().event_loop().unwatch(agent.get());
-            if (n != 0)
-                agent_vm.fail("the guest agent's answers to the warm-up calls are not what it should send");
-            else
-                settle.arm(bake_settle);
+            if (n <= 0) {
+                agent_vm.vm().event_loop().unwatch(agent.get());
+                if (n == 0 && next == calls.size() && pending.empty())
+                    settle.arm(bake_settle);
+                else
+                    agent_vm.fail(failure.empty() ? "the guest agent closed the connection before the bake was done" : failure);
+                return;
+            }
+            pending.append(buffer, static_cast<size_t>(n));
+            for (size_t newline; (newline = pending.find('\n')) != std::string::npos;) {
+                const std::string line = pending.substr(0, newline);
+                pending.erase(0, newline + 1);
+                const BakeCall& answered = calls[next - 1];
+                if (answered.log_writes)
+                    agent_vm.vm().stop_write_log();
+                failure = failure_of(answered, line);
+                if (!failure.empty()) {
+                    agent_vm.vm().event_loop().unwatch(agent.get());
+                    agent_vm.fail(failure);
+                    return;
+                }
+                if (!answered.closes) {
+                    spdlog::debug("bake: {} done after {:.0f} ms", answered.what, ms_since(start));
+                    send_next();
+                }
+            }
+            if (pending.size() > max_answer_line) {
+                agent_vm.vm().event_loop().unwatch(agent.get());
+                agent_vm.fail("the guest agent sent an answer line longer than a bake call's");
+            }
         });
     };
     const VmResult result = agent_vm.run(on_connected, [] {});
     if (result.outcome == VmOutcome::stopped)
         return exit_code::signal_base + agent_vm.stop_signal();
+    if (!failure.empty())
+        throw Error(failure);
     if (result.outcome != VmOutcome::finished)
         throw Error(fmt::format("the guest did not get ready for a snapshot: {}", result.detail));
-    check_warm_up_answers(answers);
 
     const auto save_start = Clock::now();
     const SnapshotSummary summary = writer.write(agent_vm.vm());
@@ -176,6 +242,15 @@ Subcommand add_snapshot_command(CLI::App& app)
         ->capture_default_str()
         ->check(seconds_option());
     bake->add_flag("--json", options->json, "print a JSON summary on stdout");
+    bake->add_option("--run", options->run,
+                     "a shell command (/bin/sh -c) to run in the guest before the snapshot, which fails the bake "
+                     "unless it exits 0; what it writes to the disk is in the snapshot (repeatable, in order)")
+        ->expected(1);
+    bake->add_option("--warm-up", options->warm_up,
+                     "as --run, after the --run steps: a command that loads what episodes will use (repeatable)")->expected(1);
+    bake->add_option("--step-timeout", options->step_timeout_s, "seconds each --run or --warm-up command may take")
+        ->capture_default_str()
+        ->check(seconds_option());
     return {bake, [options] { return run_supervised(options->vm, 0, [&] { return run_bake(*options); }); }};
 }
 

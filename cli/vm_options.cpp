@@ -16,10 +16,12 @@
 #include <spdlog/spdlog.h>
 
 #include "cli/seconds_option.hpp"
+#include "cli/template_options.hpp"
 #include "protocol/cmdline.hpp"
 #include "common/error.hpp"
 #include "core/layout.hpp"
 #include "devices/cow_disk.hpp"
+#include "templates/template_store.hpp"
 #include "vmm/vm_limits.hpp"
 
 namespace agentvm {
@@ -137,6 +139,11 @@ void VmOptions::add_to(CLI::App& command)
         command.add_option("--snapshot", snapshot_,
                            "restore from this snapshot (agentvm snapshot bake) instead of booting");
         command.add_flag("--cold", cold_, "boot, even where set-up's default snapshot exists");
+        command.add_option("--template", template_,
+                           "run template NAME (agentvm template build): its image, restored from its snapshot once "
+                           "baked; 'default' is set-up's own guest");
+        command.add_option("--template-store", template_store_,
+                           "where templates are (default: AGENTVM_TEMPLATES, else /var/lib/agentvm/templates)");
     }
     command.add_flag("--no-jail", no_jail_,
                      "debugging only: run the VMM without its jail, seccomp filters and cgroup limits "
@@ -174,6 +181,19 @@ VmConfig VmOptions::resolve()
         spdlog::warn("--no-jail: the VMM runs without its jail, seccomp filters and cgroup limits; use it only to debug");
     config.kernel_path = kernel_.empty() ? default_guest_file("vmlinux") : kernel_;
     config.rootfs_path = rootfs_.empty() ? default_guest_file("rootfs.ext4") : rootfs_;
+    if (!template_.empty())
+        check_template_name(template_);
+    if (uses_template()) {
+        for (const char* flag : {"--rootfs", "--snapshot"})
+            if (given(flag))
+                throw Error(fmt::format("--template and {} contradict each other: a template has its own", flag));
+        const ResolvedTemplate resolved = resolve_template(template_, template_store_);
+        config.rootfs_path = resolved.rootfs;
+        if (!given("--cpus"))
+            cpus_ = resolved.cpus;
+        if (!given("--mem"))
+            mem_mib_ = resolved.mem_mib;
+    }
     require_readable_file(config.kernel_path, "kernel", "--kernel");
     require_readable_file(*config.rootfs_path, "root filesystem", "--rootfs");
 
@@ -224,6 +244,12 @@ std::optional<std::string> VmOptions::snapshot_dir() const
     for (const char* flag : {"--cold", "--kernel", "--rootfs", "--cmdline", "--cpus", "--mem", "--disk-size"})
         if (command_->count(flag) > 0)
             return std::nullopt;
+    if (uses_template()) {
+        ResolvedTemplate resolved = resolve_template(template_, template_store_);
+        if (!resolved.snapshot)
+            spdlog::warn("template '{}' is not baked (agentvm template bake {}): booting it cold", template_, template_);
+        return resolved.snapshot;
+    }
     const std::string baked = default_guest_file("snapshot");
     if (!std::filesystem::exists(baked + "/manifest.json"))
         return std::nullopt;

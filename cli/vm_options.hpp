@@ -35,12 +35,15 @@ public:
     // Checks files, sizes and counts against this host. Throws Error. The console is left
     // unset: it is opened last, once nothing else can fail first.
     VmConfig resolve();
-    // agent role: the snapshot to restore from: --snapshot, or else set-up's default snapshot
-    // (<agentvm dir>/guest/snapshot) when it exists and nothing asks for a cold boot (--cold,
-    // or --kernel, --rootfs, --cmdline, --cpus or --mem, which a snapshot has fixed).
+    // agent role: the snapshot to restore from: --snapshot, or --template's once baked, or else
+    // set-up's default snapshot (<agentvm dir>/guest/snapshot) when it exists; none when
+    // something asks for a cold boot (--cold, or --kernel, --rootfs, --cmdline, --cpus or --mem,
+    // which a snapshot has fixed).
     std::optional<std::string> snapshot_dir() const;
-    // Whether --snapshot named the snapshot (rather than set-up's default being used).
-    bool snapshot_given() const { return !snapshot_.empty(); }
+    // Whether --snapshot (or --template) named the snapshot (rather than set-up's default being used).
+    bool snapshot_given() const { return !snapshot_.empty() || uses_template(); }
+    // Whether --template names a template other than set-up's default guest.
+    bool uses_template() const { return !template_.empty() && template_ != "default"; }
     // Whether the user gave `flag` (so a snapshot's own value must match it).
     bool given(const char* flag) const;
 
@@ -84,6 +87,8 @@ private:
     std::string console_;
     std::string vsock_uds_;
     std::string snapshot_;
+    std::string template_;
+    std::string template_store_;
     bool cold_ = false;
     bool no_jail_ = false;
     double cpu_quota_ = -1;         // unset: one core per vCPU

@@ -3,6 +3,8 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <utility>
+
 #include "guest/console.hpp"
 #include "guest/spawn.hpp"
 
@@ -16,7 +18,8 @@ constexpr int unkillable = -1000;
 
 } // namespace
 
-AgentService::AgentService(const std::optional<std::string>& call_cgroup) : argv_{agent_path}
+AgentService::AgentService(const std::optional<std::string>& call_cgroup, std::string workdir)
+    : argv_{agent_path}, workdir_(std::move(workdir))
 {
     if (call_cgroup) {
         argv_.push_back("--call-cgroup");
@@ -30,7 +33,7 @@ void AgentService::start()
         say_errno(agent_path);
         return;
     }
-    pid_ = start_daemon(argv_, "/root", unkillable);
+    pid_ = start_daemon(argv_, workdir_.c_str(), unkillable);
 }
 
 void AgentService::on_reaped(pid_t pid, int wait_status)

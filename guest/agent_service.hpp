@@ -16,8 +16,9 @@ namespace agentvm {
 
 class AgentService {
 public:
-    // call_cgroup: where the agent puts every tool call's processes (calls_cgroup.hpp).
-    explicit AgentService(const std::optional<std::string>& call_cgroup);
+    // call_cgroup: where the agent puts every tool call's processes (calls_cgroup.hpp);
+    // workdir: the agent's working directory, which its tool calls inherit ("/" when missing).
+    AgentService(const std::optional<std::string>& call_cgroup, std::string workdir);
 
     // Starts the agent; says why and carries on without it if it cannot.
     void start();
@@ -33,6 +34,7 @@ private:
     static constexpr std::chrono::seconds restart_window{10};
 
     std::vector<std::string> argv_;
+    std::string workdir_;
     pid_t pid_ = -1;
     std::deque<std::chrono::steady_clock::time_point> restarts_;
 };

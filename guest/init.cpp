@@ -19,6 +19,7 @@
 #include "protocol/cmdline.hpp"
 #include "guest/console.hpp"
 #include "guest/grow_root.hpp"
+#include "guest/image_defaults.hpp"
 #include "guest/loopback.hpp"
 #include "guest/mounts.hpp"
 #include "guest/power.hpp"
@@ -84,6 +85,8 @@ void run()
         say_errno("sethostname");
     bring_up_loopback();
     set_environment();
+    // A template's image may set variables (PATH too) and the tool calls' working directory.
+    const std::string workdir = apply_image_defaults();
 
     std::optional<std::string> cmdline = read_file("/proc/cmdline");
     if (!cmdline) {
@@ -101,7 +104,7 @@ void run()
     }
     // Without the cgroup the agent still serves calls (the guest is only less protected
     // against itself); the console says why.
-    AgentService agent(make_calls_cgroup(pids_max));
+    AgentService agent(make_calls_cgroup(pids_max), workdir.empty() ? "/root" : workdir);
     agent.start();
     const ReapedChild on_reaped = [&agent](pid_t pid, int status) { agent.on_reaped(pid, status); };
 

@@ -72,7 +72,17 @@ private:
 
 void Shell::start()
 {
-    bash_.start({"bash", "--noprofile", "--norc"});
+    try {
+        bash_.start({"bash", "--noprofile", "--norc"});
+        posix_sh_ = false;
+    } catch (const CallError& e) {
+        // An image without bash (busybox, distroless with a shell): the lines sent below are
+        // POSIX, so sh serves them; every response says which shell ran.
+        if (e.code() != "not_found")
+            throw;
+        bash_.start({"sh"});
+        posix_sh_ = true;
+    }
     bash_.send("exec 3>" + quote(bash_.status_path()) + "\n");
 }
 
@@ -118,6 +128,8 @@ Json Shell::run(const Json& id, const ShellRequest& request, Outbox& outbox, int
     }
     response["timed_out"] = drained.timed_out;
     response["oom_killed"] = false;
+    if (posix_sh_)
+        response["shell"] = "sh";
     put_outcome(response, drained, captures, start_time);
     return response;
 }

@@ -1,5 +1,6 @@
 // The shell call: one persistent bash per connection, so cd, exports, functions and
-// background jobs carry over from call to call, as in a terminal.
+// background jobs carry over from call to call, as in a terminal. An image without bash in
+// PATH gets `sh` instead (the lines below are POSIX), and each response then says "shell":"sh".
 //
 // bash reads commands from a pipe. Each call is sent as one line,
 //   eval '<cmd>' >OUT 2>ERR </dev/null 3>&-; printf '%d\n' "$?" >&3
@@ -23,7 +24,7 @@ class Shell {
 public:
     // Returns the final response (same shape as exec's). exit_code is bash's $?, so 128+N
     // for a command killed by signal N; signal is set only when bash itself was killed.
-    // Throws CallError(spawn_failed) when bash cannot start.
+    // Throws CallError(spawn_failed) when neither bash nor sh can start.
     Json run(const Json& id, const ShellRequest& request, Outbox& outbox, int cancel_fd);
     // The response of a call cancelled before its turn: it never ran, the shell is untouched.
     static Json not_run(const Json& id);
@@ -32,6 +33,7 @@ private:
     void start();
 
     SessionProcess bash_{"shell"};
+    bool posix_sh_ = false;  // the session is sh: no bash in this image
 };
 
 } // namespace agentvm

@@ -1,0 +1,31 @@
+#include "cli/template_options.hpp"
+
+#include <filesystem>
+
+#include <fmt/format.h>
+
+#include "common/error.hpp"
+#include "templates/template_store.hpp"
+
+namespace agentvm {
+
+ResolvedTemplate resolve_template(const std::string& name, const std::string& store_flag)
+{
+    const TemplateStore store(TemplateStore::root_from(store_flag));
+    const auto manifest = store.read(name);
+    if (!manifest)
+        throw Error(fmt::format("no template '{}' in '{}' (agentvm template list shows what there is)", name,
+                                store.root().string()));
+    ResolvedTemplate resolved;
+    resolved.name = name;
+    resolved.rootfs = store.rootfs_of(name).string();
+    resolved.cpus = manifest->value("cpus", 1u);
+    resolved.mem_mib = manifest->value("mem_mib", uint64_t{512});
+    std::error_code ec;
+    if (!manifest->value("snapshot", nlohmann::json()).is_null()
+        && std::filesystem::exists(store.snapshot_of(name) / "manifest.json", ec))
+        resolved.snapshot = store.snapshot_of(name).string();
+    return resolved;
+}
+
+} // namespace agentvm
