@@ -82,6 +82,7 @@ packages=(
   nlohmann-json3-dev libseccomp-dev nettle-dev libmicrohttpd-dev
   linux-source-6.1 bc flex bison libelf-dev libssl-dev dwarves xz-utils
   debootstrap busybox-static e2fsprogs cpio
+  skopeo umoci buildah
   qemu-system-x86 linux-image-amd64
   python3-pytest
 )

@@ -26,6 +26,7 @@
 #include "common/file_digest.hpp"
 #include "templates/template_build.hpp"
 #include "templates/template_store.hpp"
+#include "templates/tool.hpp"
 
 extern char** environ;
 
@@ -39,6 +40,7 @@ struct BuildOptions {
     std::string from;
     std::string containerfile;
     std::string context;
+    std::string packages;
     std::vector<std::string> copies;
     std::vector<std::string> env;
     std::string workdir;
@@ -172,6 +174,20 @@ int bake(const TemplateStore& store, const std::string& name, double boot_timeou
     return exit_code::ok;
 }
 
+// AGENTVM_DEBIAN_MIRROR, else the Debian mirror this host's apt uses (rootfs/apt_mirror.sh,
+// which set-up puts beside the guest's files), as the default guest's build does.
+std::string debian_mirror()
+{
+    if (const char* given = std::getenv("AGENTVM_DEBIAN_MIRROR"); given && *given)
+        return given;
+    const std::string finder = default_guest_file("apt_mirror.sh");
+    const std::string found = run_tool({"bash", finder}, {.what = "finding this host's Debian mirror (" + finder + ")"});
+    const std::string mirror = found.substr(0, found.find(' '));
+    if (mirror.empty())
+        throw Error("no Debian mirror in this host's apt sources; set AGENTVM_DEBIAN_MIRROR=URI");
+    return mirror;
+}
+
 void refuse_default(const std::string& name, const char* what)
 {
     check_template_name(name);
@@ -185,12 +201,17 @@ int run_build(const BuildOptions& options)
     refuse_default(options.name, "built here");
     TemplateRecipe recipe;
     recipe.name = options.name;
-    if (options.from.empty() == options.containerfile.empty())
-        throw Error("name the template's source: either --from or --containerfile");
+    const int sources = !options.from.empty() + !options.containerfile.empty() + !options.packages.empty();
+    if (sources != 1)
+        throw Error("name the template's source: one of --from, --containerfile or --packages");
     if (!options.context.empty() && options.containerfile.empty())
         throw Error("--context goes with --containerfile");
-    recipe.source = options.from.empty() ? containerfile_source(options.containerfile, options.context)
-                                         : parse_from(options.from);
+    if (!options.from.empty())
+        recipe.source = parse_from(options.from);
+    else if (!options.containerfile.empty())
+        recipe.source = containerfile_source(options.containerfile, options.context);
+    else
+        recipe.source = packages_source(options.packages, debian_mirror());
     for (const std::string& copy : options.copies)
         recipe.copies.push_back(parse_copy(copy));
     for (const std::string& entry : options.env)
@@ -312,13 +333,16 @@ std::vector<Subcommand> add_template_commands(CLI::App& app)
 
     auto build_options = std::make_shared<BuildOptions>();
     auto* build = group->add_subcommand(
-        "build", "Build template NAME from an image, a Containerfile or a directory, then bake its snapshot");
+        "build", "Build template NAME from an image, a Containerfile, a directory or Debian packages, then bake its "
+                 "snapshot");
     build->add_option("name", build_options->name, "the template's name")->required();
     build->add_option("--from", build_options->from,
                       "the source: oci-archive:PATH, docker-archive:PATH, oci:DIR[:TAG] or dir:PATH");
     build->add_option("--containerfile", build_options->containerfile,
                       "build this Containerfile (buildah, --isolation chroot; FROM a local archive: no registry)");
     build->add_option("--context", build_options->context, "the Containerfile's build context (default: its directory)");
+    build->add_option("--packages", build_options->packages,
+                      "a,b,c: the default guest's Debian 12 with these packages added (debootstrap)");
     build->add_option("--copy", build_options->copies, "HOST_PATH:IMAGE_PATH, copied into the image (repeatable)")->expected(1);
     build->add_option("--env", build_options->env, "KEY=VALUE for every tool call, over the image's Env (repeatable)")->expected(1);
     build->add_option("--workdir", build_options->workdir, "the tool calls' working directory, over the image's WorkingDir");

@@ -2,7 +2,11 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
+#include <cctype>
+
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
@@ -13,6 +17,9 @@ namespace agentvm {
 namespace {
 
 constexpr char layout_tag[] = "image";
+// The default guest's (rootfs/build.sh): a packages template is that guest plus the packages.
+constexpr char debian_suite[] = "bookworm";
+constexpr char base_packages[] = "python3,procps";
 
 std::string layout_ref(const std::filesystem::path& layout)
 {
@@ -70,6 +77,12 @@ std::string TemplateSource::text() const
         return "dir:" + path.string();
     case SourceKind::containerfile:
         return "containerfile:" + path.string() + " (context " + context.string() + ")";
+    case SourceKind::packages: {
+        std::string list;
+        for (const std::string& package : packages)
+            list += (list.empty() ? "" : ",") + package;
+        return "packages:" + list;
+    }
     }
     return "";
 }
@@ -119,11 +132,45 @@ TemplateSource containerfile_source(const std::filesystem::path& file, const std
     return source;
 }
 
+TemplateSource packages_source(const std::string& list, const std::string& mirror)
+{
+    TemplateSource source;
+    source.kind = SourceKind::packages;
+    source.mirror = mirror;
+    size_t begin = 0;
+    while (begin <= list.size()) {
+        const size_t comma = std::min(list.find(',', begin), list.size());
+        const std::string name = list.substr(begin, comma - begin);
+        begin = comma + 1;
+        // Debian policy 5.6.1: lower case letters, digits, + - . ; at least two, a letter or
+        // digit first. Anything else would reach debootstrap's command line.
+        const bool valid = name.size() >= 2 && std::isalnum(static_cast<unsigned char>(name[0]))
+                           && std::all_of(name.begin(), name.end(), [](char c) {
+                                  return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '+' || c == '-' || c == '.';
+                              });
+        if (!valid)
+            throw Error(fmt::format("--packages '{}': '{}' is not a Debian package name", list, name));
+        source.packages.push_back(name);
+    }
+    return source;
+}
+
+void debootstrap_tree(const TemplateSource& source, const std::filesystem::path& tree, const std::filesystem::path& debs)
+{
+    std::filesystem::create_directories(debs);
+    run_tool({"debootstrap", "--variant=minbase", fmt::format("--include={},{}", base_packages, fmt::join(source.packages, ",")),
+              "--components=main", "--cache-dir=" + debs.string(), debian_suite, tree.string(), source.mirror},
+             {.what = fmt::format("installing Debian {} with {} from {} (debootstrap)", debian_suite,
+                                  fmt::join(source.packages, ","), source.mirror)});
+}
+
 std::vector<std::pair<std::string, std::string>> tools_for(const TemplateSource& source)
 {
     switch (source.kind) {
     case SourceKind::dir:
         return {};
+    case SourceKind::packages:
+        return {{"debootstrap", "debootstrap"}};
     case SourceKind::containerfile:
         return {{"buildah", "buildah"}, {"skopeo", "skopeo"}, {"umoci", "umoci"}};
     default:
@@ -174,7 +221,8 @@ void import_image(const TemplateSource& source, const std::filesystem::path& lay
         return;
     }
     case SourceKind::dir:
-        throw Error("a dir: source is not an image");
+    case SourceKind::packages:
+        throw Error(source.text() + " is not an image");
     }
     run_tool({"skopeo", "copy", "--quiet", from, layout_ref(layout)},
              {.what = fmt::format("reading the image {} (skopeo copy)", from)});

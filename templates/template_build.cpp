@@ -100,6 +100,8 @@ std::string source_key(const TemplateSource& source)
         return sha256_of("dir\n" + tree_digest(source.path));
     case SourceKind::containerfile:
         return sha256_of("containerfile\n" + file_digest(source.path) + "\n" + tree_digest(source.context));
+    case SourceKind::packages:
+        return sha256_of(source.text());
     }
     return "";
 }
@@ -205,12 +207,20 @@ nlohmann::json config_json(const ImageConfig& config)
 
 // Unpacks the source into a fresh image of the template's disk size at `base` and returns the
 // image's config (what its Env/WorkingDir/User say; empty for a directory).
-nlohmann::json make_base(const TemplateRecipe& recipe, const std::filesystem::path& work,
+nlohmann::json make_base(const TemplateStore& store, const TemplateRecipe& recipe, const std::filesystem::path& work,
                          const std::filesystem::path& base)
 {
     ImageConfig config;
     const auto layout = work / "oci";
-    if (recipe.source.kind != SourceKind::dir) {
+    const bool is_image = recipe.source.kind != SourceKind::dir && recipe.source.kind != SourceKind::packages;
+    const auto tree = work / "tree";
+    if (recipe.source.kind == SourceKind::packages) {
+        const auto step = Clock::now();
+        spdlog::info("installing Debian with {} (debootstrap: minutes)", recipe.source.text());
+        debootstrap_tree(recipe.source, tree, store.debs());
+        spdlog::info("installed in {:.1f} s", seconds_since(step));
+    }
+    if (is_image) {
         auto step = Clock::now();
         spdlog::info("reading {}", recipe.source.text());
         import_image(recipe.source, layout, recipe.name);
@@ -222,13 +232,17 @@ nlohmann::json make_base(const TemplateRecipe& recipe, const std::filesystem::pa
     LoopMount mount(base, work / "mnt");
     const auto step = Clock::now();
     try {
-        if (recipe.source.kind == SourceKind::dir)
-            run_tool({"cp", "-a", "--reflink=auto", (recipe.source.path / ".").string(), mount.path().string()},
-                     {.what = fmt::format("copying {}", recipe.source.text())});
-        else
+        if (is_image)
             unpack_image(layout, mount.path());
+        else
+            run_tool({"cp", "-a", "--reflink=auto",
+                      ((recipe.source.kind == SourceKind::dir ? recipe.source.path : tree) / ".").string(),
+                      mount.path().string()},
+                     {.what = fmt::format("copying {}", recipe.source.text())});
     } catch (const Error& e) {
-        if (mount.full())
+        // The tool may have removed its partial file before saying why: its message tells too.
+        if (mount.full() || std::string_view(e.what()).find(std::strerror(ENOSPC)) != std::string_view::npos
+            || std::string_view(e.what()).find("no space left on device") != std::string_view::npos)
             throw Error(fmt::format("{}'s files do not fit in the template's {} MiB disk: give a larger --disk-size "
                                     "({})",
                                     recipe.source.text(), recipe.disk_mib, e.what()));
@@ -238,6 +252,7 @@ nlohmann::json make_base(const TemplateRecipe& recipe, const std::filesystem::pa
     mount.unmount();
     std::error_code ec;
     std::filesystem::remove_all(layout, ec);
+    std::filesystem::remove_all(tree, ec);
     return config_json(config);
 }
 
@@ -379,7 +394,7 @@ BuildResult build_template_image(const TemplateStore& store, const TemplateRecip
         if (!config.is_object())
             throw Error(fmt::format("'{}' is not what a build wrote: remove it", base_config.string()));
     } else {
-        config = make_base(recipe, work, work / "base.ext4");
+        config = make_base(store, recipe, work, work / "base.ext4");
         {
             std::ofstream out(work / "base.json");
             out << config.dump() << '\n';

@@ -4,6 +4,7 @@
 //   NAME/rootfs.ext4     its root filesystem image (sparse)
 //   NAME/snapshot/       its baked snapshot (agentvm snapshot bake), once baked
 //   .bases/KEY.ext4      an unpacked source, reused by every template built from it
+//   .debs/               debootstrap's downloads, for --packages templates
 //   .work/               builds in progress (removed when they end; a crashed one by the next)
 //   .lock                held by a build, so two never write the store at once
 // The name "default" is set-up's own guest (<agentvm dir>/guest/), never stored here.
@@ -40,6 +41,7 @@ public:
     std::filesystem::path manifest_of(const std::string& name) const { return dir_of(name) / "template.json"; }
     std::filesystem::path bases() const { return root_ / ".bases"; }
     std::filesystem::path work() const { return root_ / ".work"; }
+    std::filesystem::path debs() const { return root_ / ".debs"; }
 
     // The template's manifest; nullopt when there is no such template. Throws Error for one
     // that cannot be read or is not ours.
