@@ -63,6 +63,7 @@ int main(int argc, char** argv)
     bool no_auth = false;
     std::string log_level = "info";
     std::vector<std::string> pools;
+    std::string template_store;
     ServeConfig config;
     unsigned drain_grace_s = 30;
     app.add_option("--listen", listen,
@@ -71,8 +72,10 @@ int main(int argc, char** argv)
     app.add_option("--token-file", token_file, "file holding the token every request must carry");
     app.add_flag("--no-auth", no_auth, "allow a TCP listener without a token (loopback addresses only)");
     app.add_option("--pool", pools,
-                   "NAME=N: keep N VMs of a snapshot ready (NAME: default, set-up's snapshot, or a snapshot "
-                   "directory); repeatable (default: default=2)");
+                   "NAME=N: keep N VMs of a snapshot ready (NAME: default, set-up's snapshot; a snapshot "
+                   "directory; or a template, agentvm template); repeatable (default: default=2)");
+    app.add_option("--template-store", template_store,
+                   "where --pool's templates are (default: AGENTVM_TEMPLATES, else /var/lib/agentvm/templates)");
     app.add_option("--max-sandboxes", config.sandboxes.max_sandboxes,
                    "VMs serve runs at most, warm ones included; a create past it is answered 429")
         ->capture_default_str()
@@ -106,7 +109,7 @@ int main(int argc, char** argv)
         if (pools.empty())
             pools.push_back("default=2");
         for (const std::string& text : pools) {
-            PoolConfig pool = parse_pool_spec(text);
+            PoolConfig pool = parse_pool_spec(text, template_store);
             for (const PoolConfig& other : config.sandboxes.pools)
                 if (other.name == pool.name)
                     throw Error(fmt::format("--pool {}: the pool {} is given twice", text, pool.name));

@@ -38,9 +38,12 @@ CreateRequest parse_create_request(const std::string& body)
     if (!json.is_object())
         throw ApiError(400, "bad_json", "the body must be a JSON object");
     for (const auto& [key, value] : json.items()) {
-        if (key == "pool") {
+        if (key == "pool" || key == "template") {
+            // "template" as E2B's clients name it: a template pool is named by the template.
             if (!value.is_string() || value.get<std::string>().empty())
-                throw_bad_field("\"pool\" must be a non-empty string");
+                throw_bad_field(fmt::format("\"{}\" must be a non-empty string", key));
+            if (!request.pool.empty() && request.pool != value.get<std::string>())
+                throw_bad_field("\"pool\" and \"template\" name different pools");
             request.pool = value.get<std::string>();
         } else if (key == "timeout") {
             request.settings.timeout = sandbox_seconds(value, "timeout");
@@ -69,7 +72,7 @@ CreateRequest parse_create_request(const std::string& body)
             }
             request.settings.metadata = value;
         } else {
-            throw_bad_field(fmt::format("unknown field \"{:.64}\" (pool, timeout, idle_timeout, env, metadata)", key));
+            throw_bad_field(fmt::format("unknown field \"{:.64}\" (pool or template, timeout, idle_timeout, env, metadata)", key));
         }
     }
     return request;

@@ -18,26 +18,39 @@
 #include "core/event_loop.hpp"
 #include "service/api.hpp"
 #include "service/http_server.hpp"
+#include "templates/template_store.hpp"
 
 namespace agentvm {
 
-PoolConfig parse_pool_spec(const std::string& text)
+PoolConfig parse_pool_spec(const std::string& text, const std::string& template_store)
 {
     const size_t equals = text.rfind('=');
     if (equals == std::string::npos || equals == 0)
-        throw Error(fmt::format("--pool {}: expected NAME=N (NAME: default, or a snapshot directory)", text));
+        throw Error(fmt::format("--pool {}: expected NAME=N (NAME: default, a snapshot directory or a template)", text));
     PoolConfig pool;
     pool.name = text.substr(0, equals);
     const std::string count = text.substr(equals + 1);
     const auto [end, err] = std::from_chars(count.data(), count.data() + count.size(), pool.target);
     if (err != std::errc() || end != count.data() + count.size() || pool.target > 10000)
         throw Error(fmt::format("--pool {}: N must be a whole number from 0 to 10000", text));
-    if (pool.name != "default") {
+    if (pool.name == "default")
+        return pool;
+    if (pool.name.find('/') != std::string::npos) {
         if (!std::filesystem::is_regular_file(std::filesystem::path(pool.name) / "manifest.json"))
             throw Error(fmt::format("--pool {}: {} is not a snapshot directory (no manifest.json; make one with "
                                     "agentvm snapshot bake)", text, pool.name));
         pool.episode_args = {"--snapshot", pool.name};
+        return pool;
     }
+    const TemplateStore store(TemplateStore::root_from(template_store));
+    const auto manifest = store.read(pool.name);  // checks the name
+    if (!manifest)
+        throw Error(fmt::format("--pool {}: no template '{}' in '{}' (and a snapshot directory is named by a path "
+                                "with a '/')", text, pool.name, store.root().string()));
+    if (manifest->value("snapshot", nlohmann::json()).is_null())
+        spdlog::warn("--pool {}: template '{}' is not baked (agentvm template bake {}): its VMs will boot cold", text,
+                     pool.name, pool.name);
+    pool.episode_args = {"--template", pool.name, "--template-store", store.root().string()};
     return pool;
 }
 

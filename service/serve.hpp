@@ -21,8 +21,9 @@ struct ServeConfig {
 };
 
 // "NAME=N": NAME is "default" (set-up's snapshot, what `agentvm episode` restores without
-// --snapshot) or a snapshot directory. Throws Error naming the problem.
-PoolConfig parse_pool_spec(const std::string& text);
+// --snapshot), a snapshot directory (a path: it holds a '/'), or a template in the store at
+// `template_store` (agentvm template). Throws Error naming the problem.
+PoolConfig parse_pool_spec(const std::string& text, const std::string& template_store);
 
 // Returns the exit status: 0 after a stop signal.
 int run_serve(const ServeConfig& config);

@@ -2,7 +2,8 @@
 // resolved by the kernel as if the tree's root were "/" (openat2 with RESOLVE_IN_ROOT): a
 // symlink `/sbin -> /etc` or `../../..` in the image leads back inside the tree, never to
 // the host's own files. The last component of a path written is never followed: an image's
-// symlink there is replaced, not written through.
+// symlink there is replaced, not written through. A directory reached through a symlink whose
+// target the tree lacks is not created: that write fails, naming the path.
 #pragma once
 
 #include <sys/types.h>

@@ -541,18 +541,29 @@ class AsyncSandbox:
                      envs: Optional[Mapping[str, str]] = None, metadata: Optional[Mapping[str, str]] = None,
                      url: Optional[str] = None, token: Optional[str] = None, pool: Optional[str] = None, *,
                      binary: Optional[str] = None, start_timeout: float = DEFAULT_START_TIMEOUT,
-                     grace: float = DEFAULT_GRACE, agentvm_args: Sequence[str] = ()) -> "AsyncSandbox":
+                     grace: float = DEFAULT_GRACE, agentvm_args: Sequence[str] = (),
+                     template: Optional[str] = None) -> "AsyncSandbox":
         """A new sandbox. Service mode when ``url`` (or ``$AGENTVM_URL``) names a server
         (``unix:/path`` or ``http://host:port``), else embedded (an ``agentvm episode``
-        subprocess restored from the default snapshot, or ``snapshot``)."""
+        subprocess restored from the default snapshot, or ``snapshot``). ``template`` names an
+        ``agentvm template`` in either mode: embedded, the episode runs it; a service serves it
+        as the pool of that name (``agentvm serve --pool NAME=N``)."""
         t = _number("timeout", timeout, low=1, high=MAX_SANDBOX_TIMEOUT, low_inclusive=True)
         env = _envs("envs", envs)
         meta = _metadata(metadata)
         st = _number("start_timeout", start_timeout, low=0, high=MAX_CALL_TIMEOUT)
         g = _number("grace", grace, low=0, high=MAX_CALL_TIMEOUT)
+        if template is not None:
+            _text("template", template)
+            if snapshot is not None:
+                raise ValueError("template and snapshot both name what to run: give one")
+            if pool is not None and pool != template:
+                raise ValueError("template and pool both name the service's pool: give one")
         if url is None:
             url = os.environ.get("AGENTVM_URL") or None
         if url is not None:
+            if template is not None:
+                pool = template
             _text("url", url)
             if snapshot is not None:
                 raise ValueError("snapshot is for embedded mode; a service names its snapshots as pools (pool=)")
@@ -581,6 +592,8 @@ class AsyncSandbox:
         if snapshot is not None:
             snapshot = _text("snapshot", os.fspath(snapshot))
         args = [_text("agentvm_args item", a) for a in agentvm_args]
+        if template is not None:
+            args = ["--template", template] + args
         episode = EpisodeTransport(find_agentvm(binary), snapshot=snapshot, timeout=t, extra_args=args, grace=g)
         await episode.start(st)
         return cls(episode, mode="embedded", envs=env, metadata=meta, timeout=t)._track()

@@ -41,6 +41,17 @@ def test_mode_specific_arguments(target: dict) -> None:
             Sandbox(token="t")
 
 
+def test_template_arguments(target: dict) -> None:
+    with pytest.raises(ValueError, match="template and snapshot"):
+        Sandbox(template="t", snapshot="/x", **target)
+    with pytest.raises(ValueError, match="template and pool"):
+        Sandbox(template="t", pool="other", **target)
+    with pytest.raises(TypeError):
+        Sandbox(template=5, **target)
+    with pytest.raises(ValueError):
+        Sandbox(template="", **target)
+
+
 BAD_COMMANDS = [
     (42, {}, TypeError),
     ([], {}, ValueError),

@@ -42,6 +42,14 @@ TEST_CASE("every field is taken")
     CHECK(request.settings.metadata == Json{{"k", "v"}});
 }
 
+TEST_CASE("\"template\" names the pool too, as E2B's clients call it")
+{
+    CHECK(parse_create_request(R"({"template":"swe"})").pool == "swe");
+    CHECK(parse_create_request(R"({"template":"swe","pool":"swe"})").pool == "swe");
+    CHECK(refusal(R"({"template":"swe","pool":"other"})").find("name different pools") != std::string::npos);
+    CHECK(refusal(R"({"template":3})").find("\"template\" must be") != std::string::npos);
+}
+
 TEST_CASE("each mistake is refused by name")
 {
     CHECK(refusal("[1]") == "bad_json: the body must be a JSON object");

@@ -7,15 +7,18 @@
       and a SWE-style repository, and builds templates from them with --no-bake (building
       needs root and a loop mount, not KVM); also every bad input.
   template_check.py guest AGENTVM STORE WORK   where a guest boots: bakes the templates and runs
-      episodes in them (agentvm episode --template, agentvm run --template).
+      episodes in them (agentvm episode --template, agentvm run --template, the Python client
+      embedded and through agentvm serve --pool).
+Case names after WORK run only those cases.
 """
 import json
 import os
 import shutil
 import subprocess
 import sys
+import time
 
-from checks import expect, run_case
+from checks import Failed, expect, run_case
 from episode_client import Episode
 import oci_fixtures as fx
 
@@ -244,12 +247,18 @@ def list_and_rm():
     return f"{len(names)} listed; rm took the template and its unshared base"
 
 
-def host_phase():
+def run_cases(cases, only):
+    """Runs the cases (those named in `only`, when given); 0 when all passed."""
+    chosen = [case for case in cases if not only or case.__name__ in only]
+    ok = [run_case(case.__name__, case, expected=(subprocess.SubprocessError, OSError)) for case in chosen]
+    return 0 if all(ok) else 1
+
+
+def host_phase(only):
     cases = [busybox_from_archives, unchanged_rebuild_is_cached, whiteout_layer, containerfile, swe_repository,
              hostile_layers_contained, sparse_file_refused, too_big_for_its_disk, other_architecture, corrupt_archive, bad_input,
              failing_run_step_template, list_and_rm]
-    ok = [run_case(case.__name__, case, expected=(subprocess.SubprocessError, OSError)) for case in cases]
-    return 0 if all(ok) else 1
+    return run_cases(cases, only)
 
 
 # --- guest phase ------------------------------------------------------------------------
@@ -340,20 +349,47 @@ def failing_run_step_fails_bake():
     return seen
 
 
-def guest_phase():
+def python_client_and_serve_pool():
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python"))
+    from agentvm import Sandbox
+    os.environ["AGENTVM_TEMPLATES"] = STORE
+    with Sandbox(template="cf", binary=AGENTVM) as sb:
+        embedded = sb.commands.run("cat run.txt").stdout
+    expect(embedded == "made-by-run\n", f"embedded: {embedded!r}")
+    tmp = os.environ.get("TMPDIR", "/tmp")
+    sock = os.path.join(tmp, f"template-serve-{os.getpid()}.sock")
+    serve = subprocess.Popen([AGENTVM, "serve", "--listen", "unix:" + sock, "--pool", "cf=1", "--template-store", STORE,
+                              "--log-level", "warn"], stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 300
+        while not os.path.exists(sock):
+            if serve.poll() is not None:
+                raise Failed(f"serve exited {serve.returncode}: {serve.stderr.read()[-2000:]}")
+            expect(time.monotonic() < deadline, "serve did not listen")
+            time.sleep(0.2)
+        with Sandbox(url="unix:" + sock, template="cf") as sb:
+            served = sb.commands.run("cat hello.txt; echo $GREETING").stdout
+        expect(served == "copied by COPY\nfrom-containerfile\n", f"served: {served!r}")
+    finally:
+        serve.terminate()
+        serve.wait(timeout=120)
+    return "Sandbox(template=...) embedded and through serve --pool cf=1"
+
+
+def guest_phase(only):
     cases = [busybox_runs_exec_and_shell, containerfile_template_runs, whiteout_applied,
-             swe_task_passes_only_on_its_template, hostile_image_contained_in_guest, failing_run_step_fails_bake]
-    ok = [run_case(case.__name__, case, expected=(subprocess.SubprocessError, OSError)) for case in cases]
-    return 0 if all(ok) else 1
+             swe_task_passes_only_on_its_template, hostile_image_contained_in_guest, failing_run_step_fails_bake,
+             python_client_and_serve_pool]
+    return run_cases(cases, only)
 
 
 def main(argv):
     global AGENTVM, STORE, WORK, ESCAPE_DIR
-    if len(argv) != 5 or argv[1] not in ("host", "guest"):
+    if len(argv) < 5 or argv[1] not in ("host", "guest"):
         sys.exit(__doc__)
     AGENTVM, STORE, WORK = argv[2], argv[3], argv[4]
     ESCAPE_DIR = os.path.join(WORK, "escape-target")
-    return host_phase() if argv[1] == "host" else guest_phase()
+    return host_phase(argv[5:]) if argv[1] == "host" else guest_phase(argv[5:])
 
 
 if __name__ == "__main__":

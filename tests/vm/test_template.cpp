@@ -34,7 +34,7 @@ TEST_CASE("agentvm template builds from the user's images, contains hostile ones
     INFO("guest phase stdout: " << guest.out << "\nstderr: " << guest.err);
     for (const char* name : {"busybox_runs_exec_and_shell", "containerfile_template_runs", "whiteout_applied",
                              "swe_task_passes_only_on_its_template", "hostile_image_contained_in_guest",
-                             "failing_run_step_fails_bake"})
+                             "failing_run_step_fails_bake", "python_client_and_serve_pool"})
         CHECK_MESSAGE(guest.out.find(std::string("ok ") + name + ":") != std::string::npos, name);
     CHECK(guest.exit_code == 0);
 

@@ -1,0 +1,155 @@
+// The parts of `agentvm template` that take input: template names, --from, --packages,
+// --copy, --env, an image's config (hostile: its JSON comes from the image), and writes into
+// an image's tree that must stay inside it whatever symlinks the image holds.
+#include <doctest/doctest.h>
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "common/error.hpp"
+#include "templates/image_source.hpp"
+#include "templates/rooted_tree.hpp"
+#include "templates/template_build.hpp"
+#include "templates/template_store.hpp"
+
+using namespace agentvm;
+
+namespace {
+
+std::string error_of(const std::function<void()>& action)
+{
+    try {
+        action();
+    } catch (const Error& e) {
+        return e.what();
+    }
+    return "";
+}
+
+struct TempDir {
+    std::filesystem::path path;
+    TempDir()
+    {
+        std::string pattern = (std::filesystem::temp_directory_path() / "agentvm-unit-XXXXXX").string();
+        REQUIRE(::mkdtemp(pattern.data()));
+        path = pattern;
+    }
+    ~TempDir() { std::filesystem::remove_all(path); }
+};
+
+std::string read(const std::filesystem::path& path)
+{
+    std::ifstream in(path);
+    return {std::istreambuf_iterator<char>(in), {}};
+}
+
+} // namespace
+
+TEST_CASE("template names are plain directory names")
+{
+    for (const char* good : {"swe", "a", "py3.11-slim", "x_y", "0abc"})
+        CHECK(error_of([&] { check_template_name(good); }).empty());
+    for (const char* bad : {"", "../x", "a/b", ".hidden", "-x", "UPPER", "sp ace", "a\nb"})
+        CHECK(error_of([&] { check_template_name(bad); }).find("template name") != std::string::npos);
+    CHECK(!error_of([&] { check_template_name(std::string(64, 'a')); }).empty());
+}
+
+TEST_CASE("--from names a transport and an existing path")
+{
+    TempDir dir;
+    std::ofstream(dir.path / "image.tar") << "x";
+    CHECK(parse_from("oci-archive:" + (dir.path / "image.tar").string()).kind == SourceKind::oci_archive);
+    CHECK(parse_from("docker-archive:" + (dir.path / "image.tar").string()).kind == SourceKind::docker_archive);
+    const TemplateSource layout = parse_from("oci:" + dir.path.string() + ":v1");
+    CHECK(layout.kind == SourceKind::oci_layout);
+    CHECK(layout.tag == "v1");
+    CHECK(parse_from("dir:" + dir.path.string()).kind == SourceKind::dir);
+    CHECK(error_of([&] { parse_from("tarball:/x"); }).find("unknown source") != std::string::npos);
+    CHECK(error_of([&] { parse_from("oci-archive:"); }).find("expected") != std::string::npos);
+    CHECK(error_of([&] { parse_from("oci-archive:/nonexistent/agentvm.tar"); }).find("/nonexistent/agentvm.tar")
+          != std::string::npos);
+    CHECK(error_of([&] { parse_from("dir:" + (dir.path / "image.tar").string()); }).find("not a directory")
+          != std::string::npos);
+}
+
+TEST_CASE("--packages takes Debian package names only")
+{
+    const TemplateSource source = packages_source("git,g++,python3.11-venv", "http://mirror");
+    CHECK(source.packages == std::vector<std::string>{"git", "g++", "python3.11-venv"});
+    CHECK(source.text() == "packages:git,g++,python3.11-venv");
+    for (const char* bad : {"", "git,", "Git", "a", "git;rm", "--force-yes", "git,,vim"})
+        CHECK(error_of([&] { packages_source(bad, "http://mirror"); }).find("not a Debian package name")
+              != std::string::npos);
+}
+
+TEST_CASE("--copy and --env are checked")
+{
+    TempDir dir;
+    std::ofstream(dir.path / "f") << "x";
+    const auto [from, to] = parse_copy((dir.path / "f").string() + ":/opt/f");
+    CHECK(from == dir.path / "f");
+    CHECK(to == "/opt/f");
+    CHECK(error_of([&] { parse_copy((dir.path / "f").string() + ":opt"); }).find("absolute") != std::string::npos);
+    CHECK(error_of([&] { parse_copy("/nonexistent-agentvm:/x"); }).find("does not exist") != std::string::npos);
+    CHECK(error_of([&] { parse_copy("nocolon"); }).find("HOST_PATH:IMAGE_PATH") != std::string::npos);
+    CHECK(error_of([&] { check_env_entry("A=1"); }).empty());
+    CHECK(error_of([&] { check_env_entry("A="); }).empty());
+    CHECK(error_of([&] { check_env_entry("=1"); }).find("KEY=VALUE") != std::string::npos);
+    CHECK(error_of([&] { check_env_entry("NOEQ"); }).find("KEY=VALUE") != std::string::npos);
+}
+
+TEST_CASE("an image config is read with its types checked")
+{
+    const ImageConfig config = parse_image_config(
+        R"({"architecture":"amd64","config":{"Env":["A=1","PATH=/bin"],"WorkingDir":"/w","User":"app"}})");
+    CHECK(config.architecture == "amd64");
+    CHECK(config.env == std::vector<std::string>{"A=1", "PATH=/bin"});
+    CHECK(config.workdir == "/w");
+    CHECK(config.user == "app");
+    CHECK(parse_image_config(R"({"architecture":"arm64"})").env.empty());
+    CHECK(parse_image_config(R"({"config":null})").workdir.empty());
+    for (const char* bad : {"[]", "not json", R"({"config":[]})", R"({"config":{"Env":"A=1"}})",
+                            R"({"config":{"Env":[1]}})", R"({"config":{"WorkingDir":5}})", R"({"architecture":1})"})
+        CHECK_MESSAGE(!error_of([&] { parse_image_config(bad); }).empty(), bad);
+}
+
+TEST_CASE("writes into an image's tree stay inside it, whatever its symlinks say")
+{
+    TempDir host;
+    const auto outside = host.path / "outside";
+    const auto root = host.path / "root";
+    std::filesystem::create_directories(outside);
+    std::filesystem::create_directories(root / "etc");
+    // What a hostile image could hold: links to the host's directories, absolute and relative.
+    std::filesystem::create_directory_symlink(outside, root / "abs");
+    std::filesystem::create_directory_symlink("../../outside", root / "etc" / "rel");
+    std::filesystem::create_symlink(outside / "victim", root / "etc" / "leaf");
+    const RootedTree tree(root);
+
+    // A link whose target is missing inside the tree is an error, not a way out.
+    CHECK(error_of([&] { tree.write_file("/abs/a", "1", 0644); }).find("No such file") != std::string::npos);
+    CHECK(std::filesystem::is_empty(outside));
+    std::filesystem::create_directories(root / outside.relative_path());
+    std::filesystem::create_directories(root / "outside");
+
+    tree.write_file("/abs/a", "1", 0644);
+    tree.write_file("/etc/rel/b", "2", 0644);
+    tree.make_dirs("/abs/deep/er", 0755);
+    tree.write_file("/etc/leaf", "3", 0644);  // the link itself is replaced
+    std::ofstream(host.path / "host-file") << "copied";
+    tree.copy_in(host.path / "host-file", "/abs/copied");
+
+    CHECK(std::filesystem::is_empty(outside));
+    CHECK(read(root / outside.relative_path() / "a") == "1");
+    CHECK(std::filesystem::exists(root / outside.relative_path() / "deep" / "er"));
+    CHECK(read(root / outside.relative_path() / "copied") == "copied");
+    CHECK(read(root / "outside" / "b") == "2");  // ../../outside from /etc climbs to the tree's root
+    CHECK(!std::filesystem::is_symlink(root / "etc" / "leaf"));
+    CHECK(read(root / "etc" / "leaf") == "3");
+    CHECK(!std::filesystem::exists(outside / "victim"));
+    CHECK(!error_of([&] { tree.write_file("relative", "x", 0644); }).empty());
+    CHECK(!error_of([&] { tree.write_file("/etc/..", "x", 0644); }).empty());
+}
