@@ -2,10 +2,12 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -97,9 +99,14 @@ std::string run_tool(const std::vector<std::string>& argv, const ToolOptions& op
     for (const std::string& arg : argv)
         c_argv.push_back(const_cast<char*>(arg.c_str()));
     c_argv.push_back(nullptr);
+    posix_spawnattr_t attributes;
+    posix_spawnattr_init(&attributes);
+    posix_spawnattr_setflags(&attributes, POSIX_SPAWN_SETPGROUP);
+    posix_spawnattr_setpgroup(&attributes, 0);
     pid_t pid = -1;
-    const int spawned = ::posix_spawnp(&pid, c_argv[0], &actions, nullptr, c_argv.data(), environ);
+    const int spawned = ::posix_spawnp(&pid, c_argv[0], &actions, &attributes, c_argv.data(), environ);
     posix_spawn_file_actions_destroy(&actions);
+    posix_spawnattr_destroy(&attributes);
     if (spawned != 0)
         throw_errno(fmt::format("{}: starting {}", options.what, argv[0]), spawned);
     out.write.reset();
@@ -110,10 +117,22 @@ std::string run_tool(const std::vector<std::string>& argv, const ToolOptions& op
     bool too_much = false;
     pollfd fds[2] = {{out.read.get(), POLLIN, 0}, {err.read.get(), POLLIN, 0}};
     int open_streams = 2;
+    const auto deadline = std::chrono::steady_clock::now() + options.timeout;
+    bool timed_out = false;
     while (open_streams > 0) {
-        if (::poll(fds, 2, -1) < 0) {
+        const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+        if (left.count() <= 0) {
+            // Its group: what the tool started goes too, and the pipes close.
+            ::kill(-pid, SIGKILL);
+            timed_out = true;
+            break;
+        }
+        const int ready = ::poll(fds, 2, static_cast<int>(std::min<long long>(left.count(), 60'000)));
+        if (ready < 0) {
             if (errno == EINTR)
                 continue;
+            ::kill(-pid, SIGKILL);
+            ::waitpid(pid, nullptr, 0);
             throw_errno(options.what + ": poll");
         }
         for (pollfd& p : fds) {
@@ -148,6 +167,9 @@ std::string run_tool(const std::vector<std::string>& argv, const ToolOptions& op
         if (errno != EINTR)
             throw_errno(options.what + ": waitpid");
     const std::string said = stderr_text.empty() ? "" : ":\n" + tail_of(stderr_text);
+    if (timed_out)
+        throw Error(fmt::format("{} failed: {} did not finish within {} s and was killed{}", options.what, argv[0],
+                                options.timeout.count(), said));
     if (WIFSIGNALED(status))
         throw Error(fmt::format("{} failed: {} was killed by signal {}{}", options.what, argv[0], WTERMSIG(status), said));
     if (WEXITSTATUS(status) != 0)

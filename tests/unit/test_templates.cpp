@@ -14,6 +14,7 @@
 #include "templates/rooted_tree.hpp"
 #include "templates/template_build.hpp"
 #include "templates/template_store.hpp"
+#include "templates/tool.hpp"
 
 using namespace agentvm;
 
@@ -152,4 +153,22 @@ TEST_CASE("writes into an image's tree stay inside it, whatever its symlinks say
     CHECK(!std::filesystem::exists(outside / "victim"));
     CHECK(!error_of([&] { tree.write_file("relative", "x", 0644); }).empty());
     CHECK(!error_of([&] { tree.write_file("/etc/..", "x", 0644); }).empty());
+}
+
+TEST_CASE("a tool's failure names the step and shows the end of what it said; a hung one is killed")
+{
+    CHECK(run_tool({"sh", "-c", "echo out"}, {.what = "echoing"}) == "out\n");
+    const std::string failed =
+        error_of([] { run_tool({"sh", "-c", "seq 1 500 >&2; exit 3"}, {.what = "counting"}); });
+    CHECK(failed.find("counting failed: sh exited with status 3") != std::string::npos);
+    CHECK(failed.find("\n500") != std::string::npos);
+    CHECK(failed.find("\n100\n") == std::string::npos);  // only the tail
+    const std::string hung = error_of([] {
+        run_tool({"sh", "-c", "sleep 30 & sleep 30"}, {.what = "sleeping", .timeout = std::chrono::seconds(1)});
+    });
+    CHECK(hung.find("did not finish within 1 s") != std::string::npos);
+    CHECK(error_of([] { run_tool({"sh", "-c", "head -c 2000 /dev/zero"}, {.what = "flooding", .max_stdout = 1000}); })
+              .find("more than 1000 bytes") != std::string::npos);
+    CHECK(error_of([] { require_tools({{"agentvm-no-such-tool", "some-package"}}); })
+              .find("apt-get install some-package") != std::string::npos);
 }
