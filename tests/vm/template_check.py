@@ -159,7 +159,10 @@ def hostile_layers_contained():
         ]),
         fx.tar_layer([{"name": "esc/through-symlink", "data": b"symlink\n"}]),
     ], config={"Env": ["PATH=/bin"]})
-    r = build("evil", "--from", f"oci:{layout}:latest", "--copy", f"{WORK}/fix.patch:/esc/copied-through-symlink")
+    payload = os.path.join(WORK, "escape-payload")
+    with open(payload, "w") as f:
+        f.write("copied\n")
+    r = build("evil", "--from", f"oci:{layout}:latest", "--copy", f"{payload}:/esc/copied-through-symlink")
     expect(r.returncode == 0, f"exit {r.returncode}: {r.stderr[-2000:]}")
     escaped = os.listdir(target)
     expect(not escaped, f"written on the host: {escaped}")
@@ -334,7 +337,10 @@ def swe_task_passes_only_on_its_template():
 def hostile_image_contained_in_guest():
     bake("evil")
     target = ESCAPE_DIR
-    out = episode("evil", [sh(f"ls {target}; stat -c %A /setuid-file; stat -c %F /kmsg-node")])
+    # The root filesystem bound elsewhere, without init's mounts over it: the target may lie
+    # under /tmp (a clone in /tmp), where the guest's tmpfs would hide it.
+    out = episode("evil", [sh(f"mkdir -p /mnt/image && mount -o bind / /mnt/image && ls /mnt/image{target}; "
+                              "stat -c %A /setuid-file; stat -c %F /kmsg-node")])
     lines = out[0].get("stdout", "").splitlines()
     expect(lines == ["by-absolute-path", "by-dotdot", "copied-through-symlink", "through-symlink", "-rwsr-xr-x",
                      "character special file"], f"{out[0]}")
