@@ -306,7 +306,18 @@ int run_rm(const NamedOptions& options)
     refuse_default(options.name, "removed");
     const TemplateStore store(TemplateStore::root_from(options.store));
     const Fd lock = store.lock_for_build();
+    const auto manifest = store.read(options.name);
     store.remove(options.name);
+    // A Containerfile's build stays in buildah's own storage under our name (its layer cache
+    // for the next build): it goes with the template.
+    if (manifest && manifest->value("source", "").starts_with("containerfile:")) {
+        try {
+            run_tool({"buildah", "rmi", "localhost/agentvm-template-" + options.name},
+                     {.what = "removing the template's build from buildah's storage"});
+        } catch (const Error& e) {
+            spdlog::warn("{}", e.what());
+        }
+    }
     // A base no template is built from any more goes too.
     std::set<std::string> used;
     for (const Json& t : store.list())

@@ -38,6 +38,12 @@ TEST_CASE("agentvm template builds from the user's images, contains hostile ones
         CHECK_MESSAGE(guest.out.find(std::string("ok ") + name + ":") != std::string::npos, name);
     CHECK(guest.exit_code == 0);
 
+    // The Containerfile template's build lives on in buildah's storage until its rm.
+    const auto rm = run_process({AGENTVM_BIN, "template", "rm", "cf", "--store", store.string()}, std::chrono::seconds(120));
+    CHECK_MESSAGE(rm.exit_code == 0, rm.err);
+    const auto images = run_process({"buildah", "images", "--noheading", "localhost/agentvm-template-cf"},
+                                    std::chrono::seconds(60));
+    CHECK_MESSAGE(images.out.empty(), images.out);
     std::filesystem::remove_all(store);
     std::filesystem::remove_all(work);
 }
