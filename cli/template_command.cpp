@@ -395,7 +395,8 @@ std::vector<Subcommand> add_template_commands(CLI::App& app)
     add_store_option(*inspect, inspect_options->store);
 
     auto rm_options = std::make_shared<NamedOptions>();
-    auto* rm = group->add_subcommand("rm", "Remove template NAME, any base image no other template uses, and a Containerfile template's image in buildah's storage");
+    auto* rm = group->add_subcommand("rm", "Remove template NAME, any base image no other template uses, and a "
+                                           "Containerfile template's image in buildah's storage");
     rm->add_option("name", rm_options->name, "the template's name")->required();
     add_store_option(*rm, rm_options->store);
 
