@@ -14,24 +14,12 @@
 #include <nlohmann/json.hpp>
 
 #include "common/error.hpp"
+#include "common/pipe.hpp"
 
 namespace agentvm {
 namespace {
 
 constexpr size_t stderr_keep = 16 * 1024;
-
-struct Pipe {
-    Fd read;
-    Fd write;
-};
-
-Pipe make_pipe()
-{
-    int fds[2];
-    if (::pipe2(fds, O_CLOEXEC) != 0)
-        throw_errno("pipe2");
-    return {Fd(fds[0]), Fd(fds[1])};
-}
 
 void set_nonblocking(int fd)
 {

@@ -16,6 +16,7 @@
 #include <spdlog/spdlog.h>
 
 #include "common/error.hpp"
+#include "common/pipe.hpp"
 #include "common/fd.hpp"
 
 extern char** environ;
@@ -26,19 +27,6 @@ namespace {
 // What a failure shows of the tool's stderr: its last lines are where tools say why.
 constexpr size_t stderr_tail_bytes = 2 * 1024;
 constexpr size_t stderr_tail_lines = 12;
-
-struct Pipe {
-    Fd read;
-    Fd write;
-};
-
-Pipe make_pipe()
-{
-    int fds[2];
-    if (::pipe2(fds, O_CLOEXEC) != 0)
-        throw_errno("pipe2");
-    return {Fd(fds[0]), Fd(fds[1])};
-}
 
 std::string tail_of(std::string text)
 {
