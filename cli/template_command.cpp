@@ -2,14 +2,12 @@
 
 #include "cli/template_command.hpp"
 
-#include <fcntl.h>
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
-#include <ctime>
 #include <filesystem>
 #include <memory>
 #include <set>
@@ -61,33 +59,6 @@ struct NamedOptions {
     double boot_timeout_s = 300;
 };
 
-std::string digest_of_file(const std::string& path)
-{
-    Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-    if (!fd)
-        throw_errno(fmt::format("reading '{}'", path));
-    return content_digest(fd.get(), path);
-}
-
-std::string self_path()
-{
-    std::error_code ec;
-    const auto exe = std::filesystem::read_symlink("/proc/self/exe", ec);
-    if (ec)
-        throw Error("cannot locate the agentvm binary through /proc/self/exe: " + ec.message());
-    return exe.string();
-}
-
-std::string utc_now()
-{
-    const std::time_t now = std::time(nullptr);
-    std::tm tm {};
-    ::gmtime_r(&now, &tm);
-    char text[32];
-    std::strftime(text, sizeof text, "%Y-%m-%dT%H:%M:%SZ", &tm);
-    return text;
-}
-
 // What the template's snapshot depends on beyond its image: what runs in the bake, the VM's
 // shape, and the VMM and kernel that made it (a snapshot is refused by any other).
 std::string snapshot_key(const Json& manifest)
@@ -97,16 +68,15 @@ std::string snapshot_key(const Json& manifest)
                       {"warm_up", manifest.value("warm_up", Json::array())},
                       {"cpus", manifest.value("cpus", 1)},
                       {"mem_mib", manifest.value("mem_mib", 512)},
-                      {"agentvm", digest_of_file(self_path())},
-                      {"kernel", digest_of_file(default_guest_file("vmlinux"))}};
-    const std::string text = inputs.dump();
-    return sha256_hex({reinterpret_cast<const uint8_t*>(text.data()), text.size()});
+                      {"agentvm", content_digest_of(agentvm_binary())},
+                      {"kernel", content_digest_of(default_guest_file("vmlinux"))}};
+    return sha256_hex(inputs.dump());
 }
 
 // Runs `agentvm snapshot bake` for the template, its output going to ours; returns its status.
 int spawn_bake(const TemplateStore& store, const std::string& name, const Json& manifest, double boot_timeout_s)
 {
-    std::vector<std::string> argv = {self_path(),
+    std::vector<std::string> argv = {agentvm_binary(),
                                      "--log-level",
                                      std::string(spdlog::level::to_string_view(spdlog::get_level()).data()),
                                      "snapshot",
@@ -168,7 +138,7 @@ int bake(const TemplateStore& store, const std::string& name, double boot_timeou
         return status;
     }
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    (*manifest)["snapshot"] = Json{{"key", key}, {"baked_at", utc_now()}, {"bake_seconds", seconds}};
+    (*manifest)["snapshot"] = Json{{"key", key}, {"baked_at", utc_timestamp()}, {"bake_seconds", seconds}};
     store.write(name, *manifest);
     spdlog::info("template '{}': snapshot baked in {:.1f} s", name, seconds);
     return exit_code::ok;

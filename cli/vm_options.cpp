@@ -99,13 +99,18 @@ bool memory_backed(const std::string& dir)
 
 } // namespace
 
-std::string default_guest_file(const std::string& name)
+std::string agentvm_binary()
 {
     std::error_code ec;
     const auto exe = std::filesystem::read_symlink("/proc/self/exe", ec);
     if (ec)
         throw Error("cannot locate the agentvm binary through /proc/self/exe: " + ec.message());
-    return (exe.parent_path() / "guest" / name).string();
+    return exe.string();
+}
+
+std::string default_guest_file(const std::string& name)
+{
+    return (std::filesystem::path(agentvm_binary()).parent_path() / "guest" / name).string();
 }
 
 VmOptions::VmOptions(VmRole role) : role_(role), console_(role == VmRole::boot ? "-" : "")

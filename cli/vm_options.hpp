@@ -102,6 +102,8 @@ private:
     bool console_created_ = false;
 };
 
+// The running agentvm binary's path. Throws Error.
+std::string agentvm_binary();
 // Where set-up puts the default guest: <directory of the agentvm binary>/guest/.
 std::string default_guest_file(const std::string& name);
 

@@ -1,5 +1,6 @@
 #include "common/file_digest.hpp"
 
+#include <fcntl.h>
 #include <nettle/sha2.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -12,6 +13,7 @@
 #include <fmt/format.h>
 
 #include "common/error.hpp"
+#include "common/fd.hpp"
 
 namespace agentvm {
 namespace {
@@ -62,6 +64,22 @@ std::string sha256_hex(std::span<const uint8_t> bytes)
     Sha256 sha;
     sha.update(bytes.data(), bytes.size());
     return sha.hex();
+}
+
+std::string sha256_hex(std::string_view text)
+{
+    Sha256 sha;
+    sha.update(text.data(), text.size());
+    return sha.hex();
+}
+
+std::string content_digest_of(const std::string& path)
+{
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        throw_errno(fmt::format("reading '{}'", path));
+    Fd owned(fd);
+    return content_digest(owned.get(), path);
 }
 
 std::string content_digest(int fd, const std::string& name)

@@ -7,11 +7,13 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <string_view>
 
 namespace agentvm {
 
 // Hex SHA-256 of bytes.
 std::string sha256_hex(std::span<const uint8_t> bytes);
+std::string sha256_hex(std::string_view text);
 
 // Hex SHA-256 of a file's content that does not depend on how sparse the file is: it covers
 // the runs of 4 KiB pages that are not all zero, each as (offset, length, bytes), then the
@@ -22,6 +24,8 @@ std::string content_digest(int fd, const std::string& name);
 // The same digest of a file's content already read into memory: equal to content_digest() of
 // a file holding `bytes`, so a small file can be read once and the bytes checked are the bytes used.
 std::string content_digest(std::span<const uint8_t> bytes);
+// content_digest() of the file at `path`, opened here. Throws Error naming it.
+std::string content_digest_of(const std::string& path);
 
 // What identifies a file's content without reading it: if all of these are unchanged the
 // file has not been written since (ctime cannot be set back by anyone but the kernel).

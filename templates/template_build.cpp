@@ -10,7 +10,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
-#include <ctime>
 #include <fstream>
 #include <map>
 #include <optional>
@@ -43,19 +42,6 @@ constexpr char agent_path[] = "/sbin/agentvm-agent";
 constexpr char env_path[] = "/etc/agentvm/env";
 constexpr char workdir_path[] = "/etc/agentvm/workdir";
 
-std::string sha256_of(const std::string& text)
-{
-    return sha256_hex({reinterpret_cast<const uint8_t*>(text.data()), text.size()});
-}
-
-std::string file_digest(const std::filesystem::path& path)
-{
-    Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-    if (!fd)
-        throw_errno(fmt::format("reading '{}'", path.string()));
-    return content_digest(fd.get(), path.string());
-}
-
 // What a host tree is, without reading its files: every entry's path, type, mode, owner,
 // size, mtime and symlink target. A file edited in place moves its mtime.
 std::string tree_digest(const std::filesystem::path& root)
@@ -85,7 +71,7 @@ std::string tree_digest(const std::filesystem::path& root)
     std::string all;
     for (const std::string& entry : entries)
         all += entry + '\n';
-    return sha256_of(all);
+    return sha256_hex(all);
 }
 
 std::string source_key(const TemplateSource& source)
@@ -93,27 +79,18 @@ std::string source_key(const TemplateSource& source)
     switch (source.kind) {
     case SourceKind::oci_archive:
     case SourceKind::docker_archive:
-        return sha256_of(source.text() + "\n" + file_digest(source.path));
+        return sha256_hex(source.text() + "\n" + content_digest_of(source.path.string()));
     case SourceKind::oci_layout:
-        return sha256_of("oci\n" + source.tag + "\n" + file_digest(source.path / "index.json"));
+        return sha256_hex("oci\n" + source.tag + "\n" + content_digest_of((source.path / "index.json").string()));
     case SourceKind::dir:
-        return sha256_of("dir\n" + tree_digest(source.path));
+        return sha256_hex("dir\n" + tree_digest(source.path));
     case SourceKind::containerfile:
-        return sha256_of("containerfile\n" + file_digest(source.path) + "\n" + tree_digest(source.context));
+        return sha256_hex("containerfile\n" + content_digest_of(source.path.string()) + "\n"
+                          + tree_digest(source.context));
     case SourceKind::packages:
-        return sha256_of(source.text());
+        return sha256_hex(source.text());
     }
     return "";
-}
-
-std::string utc_now()
-{
-    const std::time_t now = std::time(nullptr);
-    std::tm tm {};
-    ::gmtime_r(&now, &tm);
-    char text[32];
-    std::strftime(text, sizeof text, "%Y-%m-%dT%H:%M:%SZ", &tm);
-    return text;
 }
 
 double seconds_since(Clock::time_point start)
@@ -348,15 +325,15 @@ BuildResult build_template_image(const TemplateStore& store, const TemplateRecip
     nlohmann::json copies = nlohmann::json::array();
     for (const auto& [from, to] : recipe.copies)
         copies.push_back({{"from", from.string()}, {"to", to}, {"digest", tree_digest(from)}});
-    const std::string base_key = sha256_of(fmt::format("{}\n{}\n{}", template_format, source, recipe.disk_mib));
+    const std::string base_key = sha256_hex(fmt::format("{}\n{}\n{}", template_format, source, recipe.disk_mib));
     const nlohmann::json inputs{{"format", template_format},
                                 {"base", base_key},
                                 {"copies", copies},
                                 {"env", recipe.env},
                                 {"workdir", recipe.workdir},
-                                {"init", file_digest(guest.init)},
-                                {"agent", file_digest(guest.agent)}};
-    const std::string image_key = sha256_of(inputs.dump());
+                                {"init", content_digest_of(guest.init.string())},
+                                {"agent", content_digest_of(guest.agent.string())}};
+    const std::string image_key = sha256_hex(inputs.dump());
 
     std::optional<nlohmann::json> existing = store.read(recipe.name);
     std::error_code ec;
@@ -443,7 +420,7 @@ BuildResult build_template_image(const TemplateStore& store, const TemplateRecip
                             {"mem_mib", recipe.mem_mib},
                             {"disk_mib", recipe.disk_mib},
                             {"image_bytes", allocated_bytes(image)},
-                            {"built_at", utc_now()},
+                            {"built_at", utc_timestamp()},
                             {"snapshot", nullptr}};
     // The old template (its snapshot with it: it was of the old image) goes, the new comes in.
     const auto dir = store.dir_of(recipe.name);

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <ctime>
 #include <fstream>
 #include <sstream>
 
@@ -21,6 +22,16 @@ constexpr size_t max_name = 63;
 constexpr size_t max_manifest_bytes = 1024 * 1024;
 
 } // namespace
+
+std::string utc_timestamp()
+{
+    const std::time_t now = std::time(nullptr);
+    std::tm tm {};
+    ::gmtime_r(&now, &tm);
+    char text[32];
+    std::strftime(text, sizeof text, "%Y-%m-%dT%H:%M:%SZ", &tm);
+    return text;
+}
 
 void check_template_name(const std::string& name)
 {

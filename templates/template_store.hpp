@@ -24,6 +24,9 @@ namespace agentvm {
 inline constexpr char default_template_name[] = "default";
 inline constexpr int template_format = 1;
 
+// Now, as a manifest records when something was built or baked: 2026-12-02T10:07:31Z.
+std::string utc_timestamp();
+
 // Throws Error unless `name` is 1-63 of [a-z0-9._-], starting with a letter or digit: it
 // becomes a directory name, so no path, no hidden file, no "..".
 void check_template_name(const std::string& name);
