@@ -104,18 +104,30 @@ void RootedTree::make_dirs(const std::string& path, mode_t mode) const
     open_dir(p);  // what exists there must be a directory (or lead to one inside the tree)
 }
 
-void RootedTree::write_file(const std::string& path, std::string_view data, mode_t mode) const
+std::pair<Fd, std::string> RootedTree::replace(const std::string& path) const
 {
     auto [parent, leaf] = parent_of(path, true);
     // An image's symlink or file there is replaced, never written through.
     if (::unlinkat(parent.get(), leaf.c_str(), 0) != 0 && errno != ENOENT)
         throw_errno(fmt::format("replacing '{}' in the image", path));
+    return {std::move(parent), std::move(leaf)};
+}
+
+Fd RootedTree::create_file(const std::string& path, mode_t mode) const
+{
+    const auto [parent, leaf] = replace(path);
     Fd file(::openat(parent.get(), leaf.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode));
     if (!file)
         throw_errno(fmt::format("creating '{}' in the image", path));
-    write_all(file.get(), data, fmt::format("writing '{}' in the image", path));
     if (::fchmod(file.get(), mode) != 0)  // the umask must not narrow it
         throw_errno(fmt::format("chmod '{}' in the image", path));
+    return file;
+}
+
+void RootedTree::write_file(const std::string& path, std::string_view data, mode_t mode) const
+{
+    const Fd file = create_file(path, mode);
+    write_all(file.get(), data, fmt::format("writing '{}' in the image", path));
 }
 
 void RootedTree::copy_file(const std::filesystem::path& from, const std::string& path, mode_t mode) const
@@ -126,12 +138,7 @@ void RootedTree::copy_file(const std::filesystem::path& from, const std::string&
     struct stat st {};
     if (::fstat(source.get(), &st) != 0)
         throw_errno(fmt::format("stat '{}'", from.string()));
-    auto [parent, leaf] = parent_of(path, true);
-    if (::unlinkat(parent.get(), leaf.c_str(), 0) != 0 && errno != ENOENT)
-        throw_errno(fmt::format("replacing '{}' in the image", path));
-    Fd file(::openat(parent.get(), leaf.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode));
-    if (!file)
-        throw_errno(fmt::format("creating '{}' in the image", path));
+    const Fd file = create_file(path, mode);
     for (off_t left = st.st_size; left > 0;) {
         // sendfile, not copy_file_range: the host file and the image are on two filesystems.
         const ssize_t n = ::sendfile(file.get(), source.get(), nullptr, static_cast<size_t>(left));
@@ -143,8 +150,6 @@ void RootedTree::copy_file(const std::filesystem::path& from, const std::string&
             throw Error(fmt::format("'{}' shrank while it was copied into the image", from.string()));
         left -= n;
     }
-    if (::fchmod(file.get(), mode) != 0)
-        throw_errno(fmt::format("chmod '{}' in the image", path));
 }
 
 void RootedTree::copy_in(const std::filesystem::path& from, const std::string& path) const
@@ -160,9 +165,7 @@ void RootedTree::copy_in(const std::filesystem::path& from, const std::string& p
         const auto target = std::filesystem::read_symlink(from, ec);
         if (ec)
             throw Error(fmt::format("reading the symlink '{}': {}", from.string(), ec.message()));
-        auto [parent, leaf] = parent_of(path, true);
-        if (::unlinkat(parent.get(), leaf.c_str(), 0) != 0 && errno != ENOENT)
-            throw_errno(fmt::format("replacing '{}' in the image", path));
+        const auto [parent, leaf] = replace(path);
         if (::symlinkat(target.c_str(), parent.get(), leaf.c_str()) != 0)
             throw_errno(fmt::format("creating the symlink '{}' in the image", path));
     } else if (S_ISDIR(st.st_mode)) {

@@ -41,6 +41,10 @@ private:
     // component. Throws Error for "/" or a path with "." or ".." as its last component.
     std::pair<Fd, std::string> parent_of(const std::string& path, bool create_parents) const;
     Fd open_dir(const std::string& path) const;
+    // parent_of(path), parents created, with whatever the image has at `path` removed.
+    std::pair<Fd, std::string> replace(const std::string& path) const;
+    // A new file at `path` (parents created, anything there replaced) with exactly `mode`.
+    Fd create_file(const std::string& path, mode_t mode) const;
 
     std::filesystem::path root_path_;
     Fd root_;
