@@ -192,7 +192,7 @@ VmConfig VmOptions::resolve()
         for (const char* flag : {"--rootfs", "--snapshot"})
             if (given(flag))
                 throw Error(fmt::format("--template and {} contradict each other: a template has its own", flag));
-        const ResolvedTemplate resolved = resolve_template(template_, template_store_);
+        const ResolvedTemplate& resolved = resolved_template();
         config.rootfs_path = resolved.rootfs;
         if (!given("--cpus"))
             cpus_ = resolved.cpus;
@@ -237,6 +237,13 @@ VmConfig VmOptions::resolve()
     return config;
 }
 
+const ResolvedTemplate& VmOptions::resolved_template() const
+{
+    if (!resolved_template_)
+        resolved_template_ = resolve_template(template_, template_store_);
+    return *resolved_template_;
+}
+
 std::optional<std::string> VmOptions::snapshot_dir() const
 {
     if (role_ != VmRole::agent)
@@ -250,7 +257,7 @@ std::optional<std::string> VmOptions::snapshot_dir() const
         if (command_->count(flag) > 0)
             return std::nullopt;
     if (uses_template()) {
-        ResolvedTemplate resolved = resolve_template(template_, template_store_);
+        const ResolvedTemplate& resolved = resolved_template();
         if (!resolved.snapshot)
             spdlog::warn("template '{}' is not baked (agentvm template bake {}): booting it cold", template_, template_);
         return resolved.snapshot;

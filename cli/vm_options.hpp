@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "cli/template_options.hpp"
 #include "vmm/cgroup.hpp"
 #include "common/fd.hpp"
 #include "vmm/jail.hpp"
@@ -75,6 +76,8 @@ public:
     std::optional<std::chrono::milliseconds> episode_timeout() const;
 
 private:
+    const ResolvedTemplate& resolved_template() const;
+
     VmRole role_;
     std::string kernel_;
     std::string rootfs_;
@@ -89,6 +92,8 @@ private:
     std::string snapshot_;
     std::string template_;
     std::string template_store_;
+    // --template's manifest, read once for both the config and the snapshot.
+    mutable std::optional<ResolvedTemplate> resolved_template_;
     bool cold_ = false;
     bool no_jail_ = false;
     double cpu_quota_ = -1;         // unset: one core per vCPU
