@@ -117,14 +117,13 @@ int bake(const TemplateStore& store, const std::string& name, double boot_timeou
         throw Error(fmt::format("no template '{}' in '{}'", name, store.root().string()));
     const std::string key = snapshot_key(*manifest);
     const auto snapshot = store.snapshot_of(name);
-    std::error_code ec;
-    const Json& baked = (*manifest)["snapshot"];
-    if (baked.is_object() && baked.value("key", "") == key && std::filesystem::exists(snapshot / "manifest.json", ec)) {
+    if (store.baked(name, *manifest) && (*manifest)["snapshot"].value("key", "") == key) {
         spdlog::info("template '{}': its snapshot is current", name);
         return exit_code::ok;
     }
     (*manifest)["snapshot"] = nullptr;
     store.write(name, *manifest);
+    std::error_code ec;
     std::filesystem::remove_all(snapshot, ec);
     const auto start = std::chrono::steady_clock::now();
     spdlog::info("template '{}': baking its snapshot (booting it{})", name,

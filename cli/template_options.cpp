@@ -21,9 +21,7 @@ ResolvedTemplate resolve_template(const std::string& name, const std::string& st
     resolved.rootfs = store.rootfs_of(name).string();
     resolved.cpus = manifest->value("cpus", 1u);
     resolved.mem_mib = manifest->value("mem_mib", uint64_t{512});
-    std::error_code ec;
-    if (!manifest->value("snapshot", nlohmann::json()).is_null()
-        && std::filesystem::exists(store.snapshot_of(name) / "manifest.json", ec))
+    if (store.baked(name, *manifest))
         resolved.snapshot = store.snapshot_of(name).string();
     return resolved;
 }

@@ -47,7 +47,7 @@ PoolConfig parse_pool_spec(const std::string& text, const std::string& template_
     if (!manifest)
         throw Error(fmt::format("--pool {}: no template '{}' in '{}' (and a snapshot directory is named by a path "
                                 "with a '/')", text, pool.name, store.root().string()));
-    if (manifest->value("snapshot", nlohmann::json()).is_null())
+    if (!store.baked(pool.name, *manifest))
         spdlog::warn("--pool {}: template '{}' is not baked (agentvm template bake {}): its VMs will boot cold", text,
                      pool.name, pool.name);
     pool.episode_args = {"--template", pool.name, "--template-store", store.root().string()};

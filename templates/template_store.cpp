@@ -97,6 +97,13 @@ void TemplateStore::write(const std::string& name, const nlohmann::json& manifes
         throw Error(fmt::format("renaming '{}' into place: {}", tmp, ec.message()));
 }
 
+bool TemplateStore::baked(const std::string& name, const nlohmann::json& manifest) const
+{
+    std::error_code ec;
+    return manifest.contains("snapshot") && !manifest["snapshot"].is_null()
+           && std::filesystem::exists(snapshot_of(name) / "manifest.json", ec);
+}
+
 std::vector<nlohmann::json> TemplateStore::list() const
 {
     std::vector<nlohmann::json> found;

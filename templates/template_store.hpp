@@ -51,6 +51,8 @@ public:
     std::optional<nlohmann::json> read(const std::string& name) const;
     // Replaces the manifest in one rename.
     void write(const std::string& name, const nlohmann::json& manifest) const;
+    // Whether the template whose manifest this is has a baked snapshot on disk.
+    bool baked(const std::string& name, const nlohmann::json& manifest) const;
     // Every stored template's manifest, by name.
     std::vector<nlohmann::json> list() const;
     // Removes the template. Throws Error when there is none of that name.
