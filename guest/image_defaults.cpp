@@ -1,13 +1,11 @@
 #include "guest/image_defaults.hpp"
 
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <cerrno>
 #include <cstdlib>
 #include <optional>
 
 #include "guest/console.hpp"
+#include "guest/read_file.hpp"
 
 namespace agentvm {
 namespace {
@@ -16,33 +14,11 @@ namespace {
 // failure, or when the file is larger than max_image_defaults_bytes.
 std::optional<std::string> read_defaults_file(const char* path)
 {
-    const int fd = ::open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-    if (fd < 0) {
-        if (errno != ENOENT)
-            say_errno(path);
-        return std::nullopt;
-    }
-    std::string text;
-    char buffer[4096];
-    for (;;) {
-        const ssize_t n = ::read(fd, buffer, sizeof(buffer));
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n < 0) {
-            say_errno(path);
-            ::close(fd);
-            return std::nullopt;
-        }
-        if (n == 0)
-            break;
-        if (text.size() + static_cast<size_t>(n) > max_image_defaults_bytes) {
-            say("ignoring %s: larger than %zu bytes", path, max_image_defaults_bytes);
-            ::close(fd);
-            return std::nullopt;
-        }
-        text.append(buffer, static_cast<size_t>(n));
-    }
-    ::close(fd);
+    std::optional<std::string> text = read_small_file(path, max_image_defaults_bytes);
+    if (!text && errno == EFBIG)
+        say("ignoring %s: larger than %zu bytes", path, max_image_defaults_bytes);
+    else if (!text && errno != ENOENT)
+        say_errno(path);
     return text;
 }
 

@@ -23,6 +23,7 @@
 #include "guest/loopback.hpp"
 #include "guest/mounts.hpp"
 #include "guest/power.hpp"
+#include "guest/read_file.hpp"
 #include "guest/spawn.hpp"
 #include "common/base64.hpp"
 
@@ -31,6 +32,8 @@ namespace agentvm {
 namespace {
 
 constexpr char hostname[] = "agentvm";
+// Far above any kernel's COMMAND_LINE_SIZE (2048 on x86).
+constexpr size_t max_cmdline_bytes = 64 * 1024;
 
 // The kernel hands init HOME=/ TERM=linux plus any command-line words it did not know;
 // start from a clean, predictable environment instead.
@@ -42,27 +45,6 @@ void set_environment()
     ::setenv("TERM", "linux", 1);
     ::setenv("LANG", "C.UTF-8", 1);
     ::setenv("USER", "root", 1);
-}
-
-std::optional<std::string> read_file(const char* path)
-{
-    int fd = ::open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return std::nullopt;
-    std::string text;
-    char buffer[4096];
-    for (;;) {
-        ssize_t n = ::read(fd, buffer, sizeof(buffer));
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n <= 0) {
-            ::close(fd);
-            if (n < 0)
-                return std::nullopt;
-            return text;
-        }
-        text.append(buffer, static_cast<size_t>(n));
-    }
 }
 
 void run_interactive_shell(const ReapedChild& on_reaped)
@@ -88,7 +70,7 @@ void run()
     // A template's image may set variables (PATH too) and the tool calls' working directory.
     const std::string workdir = apply_image_defaults();
 
-    std::optional<std::string> cmdline = read_file("/proc/cmdline");
+    std::optional<std::string> cmdline = read_small_file("/proc/cmdline", max_cmdline_bytes);
     if (!cmdline) {
         say_errno("read /proc/cmdline");
         return;

@@ -2,9 +2,15 @@
 // files come from a user's image, so every malformed shape is skipped, never trusted.
 #include <doctest/doctest.h>
 
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
 #include <string>
 
 #include "guest/image_defaults.hpp"
+#include "guest/read_file.hpp"
 
 using agentvm::parse_image_env;
 using agentvm::parse_image_workdir;
@@ -41,4 +47,29 @@ TEST_CASE("the workdir is an absolute path, one trailing newline allowed")
     CHECK(parse_image_workdir("") == "");
     CHECK(parse_image_workdir("/a\nb") == "");
     CHECK(parse_image_workdir("/a\0b"s) == "");
+}
+
+TEST_CASE("init reads small files whole, refusing one too large or behind a symlink")
+{
+    char dir[] = "/tmp/agentvm-read-file-XXXXXX";
+    REQUIRE(::mkdtemp(dir));
+    const std::string file = std::string(dir) + "/f";
+    const std::string link = std::string(dir) + "/l";
+    {
+        std::FILE* f = std::fopen(file.c_str(), "w");
+        REQUIRE(f);
+        std::fputs("0123456789", f);
+        std::fclose(f);
+    }
+    REQUIRE(::symlink(file.c_str(), link.c_str()) == 0);
+    CHECK(agentvm::read_small_file(file.c_str(), 10) == "0123456789");
+    CHECK(!agentvm::read_small_file(file.c_str(), 9));
+    CHECK(errno == EFBIG);
+    CHECK(!agentvm::read_small_file(link.c_str(), 100));
+    CHECK(errno == ELOOP);
+    CHECK(!agentvm::read_small_file((std::string(dir) + "/missing").c_str(), 100));
+    CHECK(errno == ENOENT);
+    ::unlink(link.c_str());
+    ::unlink(file.c_str());
+    ::rmdir(dir);
 }
