@@ -18,6 +18,7 @@
 
 #include <cstdint>
 #include <span>
+#include <thread>
 #include <vector>
 
 #include "devices/cow_disk.hpp"
@@ -125,6 +126,21 @@ void driver_write_u16(const GuestMemory& mem, uint64_t gpa, uint16_t value)
 uint16_t driver_read_u16(const GuestMemory& mem, uint64_t gpa)
 {
     return mem.contains(gpa, 2) ? mem.read_obj<uint16_t>(gpa) : 0;
+}
+
+// A register write as a vCPU makes it. A reset waits until no request is in flight, and in the
+// VMM the I/O loop completes them on its own thread; here, with I/O in flight, the write runs
+// on a thread of its own while this one runs the loop (a write on this thread would wait for
+// completions only this thread can run).
+void vcpu_write(const MmioDriver& regs, const VirtioBlk& blk, EventLoop& loop, uint64_t offset, uint32_t value)
+{
+    if (blk.in_flight() == 0) {
+        regs.wr(offset, value);
+        return;
+    }
+    std::thread vcpu([&] { regs.wr(offset, value); });
+    loop.drain();
+    vcpu.join();
 }
 
 // Seeds: a queue of 8 at 0x1000/0x1200/0x1400, request i's header at 0x2000 + 0x20 * i and
@@ -251,7 +267,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size)
             driver_write_u16(mem, config.avail + 4 + 2ull * config.queue_num, static_cast<uint16_t>(op.value));
             break;
         case op_write_register:
-            regs.wr(4ull * op.arg, op.value);
+            vcpu_write(regs, blk, loop, 4ull * op.arg, op.value);
             for (const uint16_t q : notified)
                 mmio.notify_queue(q);
             notified.clear();
@@ -262,7 +278,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size)
             break;
         }
         case op_reset:
-            regs.wr(VIRTIO_MMIO_STATUS, 0);
+            vcpu_write(regs, blk, loop, VIRTIO_MMIO_STATUS, 0);
             loop.drain();
             bring_up(regs, config);
             break;
