@@ -42,6 +42,7 @@ struct BuildOptions {
     std::vector<std::string> copies;
     std::vector<std::string> env;
     std::string workdir;
+    std::string user;
     std::vector<std::string> run;
     std::vector<std::string> warm_up;
     uint32_t cpus = 1;
@@ -189,6 +190,7 @@ int run_build(const BuildOptions& options)
     if (!options.workdir.empty() && options.workdir.front() != '/')
         throw Error(fmt::format("--workdir '{}': must be an absolute path", options.workdir));
     recipe.workdir = options.workdir;
+    recipe.user = options.user;
     recipe.run = options.run;
     recipe.warm_up = options.warm_up;
     recipe.cpus = options.cpus;
@@ -326,6 +328,9 @@ std::vector<Subcommand> add_template_commands(CLI::App& app)
     build->add_option("--copy", build_options->copies, "HOST_PATH:IMAGE_PATH, copied into the image (repeatable)")->expected(1);
     build->add_option("--env", build_options->env, "KEY=VALUE for every tool call, over the image's Env (repeatable)")->expected(1);
     build->add_option("--workdir", build_options->workdir, "the tool calls' working directory, over the image's WorkingDir");
+    build->add_option("--user", build_options->user,
+                      "USER[:GROUP] or UID[:GID] the tool calls run as, over the image's User (names from the "
+                      "image's /etc/passwd and /etc/group)");
     build->add_option("--run", build_options->run,
                       "a shell command run in the template's VM before its snapshot; must exit 0 (repeatable)")
         ->expected(1);

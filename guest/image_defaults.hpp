@@ -1,10 +1,8 @@
 // What a template (templates/, `agentvm template build`) sets for every tool call of its
-// image: the environment and working directory its OCI config or --env/--workdir named.
-// They live in the image itself, read once by init at boot:
-//   /etc/agentvm/env      KEY=VALUE entries, each ended by a NUL byte (as /proc/PID/environ),
-//                         so that values may hold newlines;
-//   /etc/agentvm/workdir  an absolute path, with or without one trailing newline.
-// The image is the user's: a malformed entry is skipped with a console line, never fatal.
+// image: the environment and working directory its OCI config or --env/--workdir named, in
+// the files protocol/image_defaults.hpp describes, read once by init at boot (the user file
+// is the agent's: guest/agent/run_as.hpp). The image is the user's: a malformed entry is
+// skipped with a console line, never fatal.
 #pragma once
 
 #include <cstddef>
@@ -13,12 +11,9 @@
 #include <utility>
 #include <vector>
 
-namespace agentvm {
+#include "protocol/image_defaults.hpp"
 
-inline constexpr char image_env_path[] = "/etc/agentvm/env";
-inline constexpr char image_workdir_path[] = "/etc/agentvm/workdir";
-// Both files are written by our own builder; anything larger is not one of ours.
-inline constexpr size_t max_image_defaults_bytes = 1024 * 1024;
+namespace agentvm {
 
 struct EnvEntries {
     std::vector<std::pair<std::string, std::string>> entries;

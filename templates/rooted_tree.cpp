@@ -193,4 +193,40 @@ bool RootedTree::exists(const std::string& path) const
     return static_cast<bool>(found);
 }
 
+bool RootedTree::is_directory(const std::string& path) const
+{
+    Fd found(openat2_in_root(root_.get(), path, O_PATH | O_DIRECTORY, 0));
+    return static_cast<bool>(found);
+}
+
+std::optional<std::string> RootedTree::read_file(const std::string& path, size_t max_bytes) const
+{
+    Fd file(openat2_in_root(root_.get(), path, O_RDONLY | O_NONBLOCK, 0));
+    if (!file && (errno == ENOENT || errno == ENOTDIR))
+        return std::nullopt;
+    if (!file)
+        throw_errno(fmt::format("opening '{}' in the image", path));
+    struct stat st {};
+    if (::fstat(file.get(), &st) != 0)
+        throw_errno(fmt::format("'{}' in the image", path));
+    if (!S_ISREG(st.st_mode))
+        throw Error(fmt::format("'{}' in the image is not a regular file", path));
+    if (static_cast<uint64_t>(st.st_size) > max_bytes)
+        throw Error(fmt::format("'{}' in the image is larger than {} bytes", path, max_bytes));
+    std::string text(static_cast<size_t>(st.st_size), '\0');
+    size_t done = 0;
+    while (done < text.size()) {
+        const ssize_t n = ::read(file.get(), text.data() + done, text.size() - done);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0)
+            throw_errno(fmt::format("reading '{}' in the image", path));
+        if (n == 0)
+            break;
+        done += static_cast<size_t>(n);
+    }
+    text.resize(done);
+    return text;
+}
+
 } // namespace agentvm

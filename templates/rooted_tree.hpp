@@ -9,6 +9,7 @@
 #include <sys/types.h>
 
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -35,6 +36,10 @@ public:
     void make_char_device(const std::string& path, mode_t mode, unsigned major, unsigned minor) const;
     // Whether `path` exists in the tree (resolved within it).
     bool exists(const std::string& path) const;
+    bool is_directory(const std::string& path) const;
+    // The regular file at `path` (resolved within the tree), or nullopt when there is none.
+    // Throws Error for another failure, something else at `path`, or more than max_bytes.
+    std::optional<std::string> read_file(const std::string& path, size_t max_bytes) const;
 
 private:
     // The directory holding `path`'s last component, resolved within the tree, and that

@@ -20,6 +20,8 @@
 #include "common/error.hpp"
 #include "common/fd.hpp"
 #include "common/file_digest.hpp"
+#include "protocol/image_defaults.hpp"
+#include "templates/image_user.hpp"
 #include "templates/rooted_tree.hpp"
 #include "templates/tool.hpp"
 
@@ -39,8 +41,8 @@ constexpr MountPoint mount_points[] = {{"/dev", 0755}, {"/proc", 0555}, {"/sys",
 // Where guest/guest_cmdline and guest/agent_service look for them.
 constexpr char init_path[] = "/sbin/agentvm-init";
 constexpr char agent_path[] = "/sbin/agentvm-agent";
-constexpr char env_path[] = "/etc/agentvm/env";
-constexpr char workdir_path[] = "/etc/agentvm/workdir";
+// An image's user database larger than this is not one a user would have meant.
+constexpr size_t max_user_database_bytes = 16 * 1024 * 1024;
 
 // What a host tree is, without reading its files: every entry's path, type, mode, owner,
 // size, mtime and symlink target. A file edited in place moves its mtime.
@@ -255,9 +257,44 @@ std::vector<std::string> merged_env(const std::vector<std::string>& image, const
     return merged;
 }
 
+// What every tool call of the template gets (protocol/image_defaults.hpp).
+struct ImageDefaults {
+    std::vector<std::string> env;
+    std::string workdir;
+    std::string user;  // as the image's User or --user said it; "" for root
+    std::optional<ResolvedUser> run_as;
+};
+
+// The image's Env, WorkingDir and User with --env, --workdir and --user over them. A user
+// other than root also gets its HOME, unless set, and its home (or "/") as the working
+// directory, unless set: /root, the default, is not theirs.
+ImageDefaults image_defaults(const TemplateRecipe& recipe, const nlohmann::json& config, const RootedTree& tree)
+{
+    ImageDefaults defaults;
+    defaults.env = merged_env(config.value("env", std::vector<std::string>{}), recipe.env);
+    defaults.workdir = recipe.workdir.empty() ? config.value("workdir", "") : recipe.workdir;
+    defaults.user = recipe.user.empty() ? config.value("user", "") : recipe.user;
+    if (defaults.user.empty())
+        return defaults;
+    const ResolvedUser user =
+        resolve_image_user(defaults.user, tree.read_file("/etc/passwd", max_user_database_bytes).value_or(""),
+                           tree.read_file("/etc/group", max_user_database_bytes).value_or(""));
+    if (user.is_root())
+        return defaults;
+    defaults.run_as = user;
+    const bool has_home = std::any_of(defaults.env.begin(), defaults.env.end(),
+                                      [](const std::string& entry) { return entry.starts_with("HOME="); });
+    if (!has_home)
+        defaults.env.push_back("HOME=" + user.home);
+    if (defaults.workdir.empty())
+        defaults.workdir = tree.is_directory(user.home) ? user.home : "/";
+    return defaults;
+}
+
 // Our part of the template's image: init, agent, mount points, defaults, the user's --copy.
-void finish_image(const TemplateRecipe& recipe, const GuestBinaries& guest, const std::filesystem::path& mounted,
-                  const std::vector<std::string>& env, const std::string& workdir)
+// Returns the defaults written.
+ImageDefaults finish_image(const TemplateRecipe& recipe, const GuestBinaries& guest,
+                           const std::filesystem::path& mounted, const nlohmann::json& config)
 {
     const RootedTree tree(mounted);
     for (const MountPoint& point : mount_points)
@@ -267,18 +304,23 @@ void finish_image(const TemplateRecipe& recipe, const GuestBinaries& guest, cons
     tree.make_char_device("/dev/null", 0666, 1, 3);
     tree.copy_file(guest.init, init_path, 0755);
     tree.copy_file(guest.agent, agent_path, 0755);
+    for (const auto& [from, to] : recipe.copies)
+        tree.copy_in(from, to);
+    // After the copies, which may bring the user database.
+    const ImageDefaults defaults = image_defaults(recipe, config, tree);
     std::string env_file;
-    for (const std::string& entry : env) {
+    for (const std::string& entry : defaults.env) {
         env_file += entry;
         env_file += '\0';
     }
-    tree.write_file(env_path, env_file, 0644);
-    if (!workdir.empty()) {
-        tree.make_dirs(workdir, 0755);
-        tree.write_file(workdir_path, workdir + "\n", 0644);
+    tree.write_file(image_env_path, env_file, 0644);
+    if (!defaults.workdir.empty()) {
+        tree.make_dirs(defaults.workdir, 0755);
+        tree.write_file(image_workdir_path, defaults.workdir + "\n", 0644);
     }
-    for (const auto& [from, to] : recipe.copies)
-        tree.copy_in(from, to);
+    if (defaults.run_as)
+        tree.write_file(image_user_path, format_image_user(defaults.run_as->ids), 0644);
+    return defaults;
 }
 
 } // namespace
@@ -331,6 +373,7 @@ BuildResult build_template_image(const TemplateStore& store, const TemplateRecip
                                 {"copies", copies},
                                 {"env", recipe.env},
                                 {"workdir", recipe.workdir},
+                                {"user", recipe.user},
                                 {"init", content_digest_of(guest.init.string())},
                                 {"agent", content_digest_of(guest.agent.string())}};
     const std::string image_key = sha256_hex(inputs.dump());
@@ -389,19 +432,20 @@ BuildResult build_template_image(const TemplateStore& store, const TemplateRecip
              {.what = "stripping agentvm-agent"});
     const auto image = work / "rootfs.ext4";
     clone_image(base, image);
-    const std::vector<std::string> env = merged_env(config.value("env", std::vector<std::string>{}), recipe.env);
-    const std::string workdir = recipe.workdir.empty() ? config.value("workdir", "") : recipe.workdir;
+    ImageDefaults defaults;
     {
         LoopMount mount(image, work / "mnt");
-        finish_image(recipe, stripped, mount.path(), env, workdir);
+        defaults = finish_image(recipe, stripped, mount.path(), config);
         mount.unmount();
     }
     spdlog::info("agentvm's init and agent, defaults and {} --copy written in {:.1f} s", recipe.copies.size(),
                  seconds_since(step));
-
-    const std::string user = config.value("user", "");
-    if (!user.empty() && user != "root" && user != "0" && user != "0:0")
-        spdlog::warn("the image's User is '{}': tool calls run as root all the same (not supported yet)", user);
+    nlohmann::json run_as = nullptr;
+    if (defaults.run_as) {
+        const ImageUser& ids = defaults.run_as->ids;
+        run_as = {{"uid", ids.uid}, {"gid", ids.gid}, {"groups", ids.groups}, {"home", defaults.run_as->home}};
+        spdlog::info("tool calls run as '{}' (uid {}, gid {})", defaults.user, ids.uid, ids.gid);
+    }
 
     nlohmann::json manifest{{"format", template_format},
                             {"name", recipe.name},
@@ -410,9 +454,10 @@ BuildResult build_template_image(const TemplateStore& store, const TemplateRecip
                             {"base_key", base_key},
                             {"image_key", image_key},
                             {"image_config", config},
-                            {"env", env},
-                            {"workdir", workdir},
-                            {"user", user},
+                            {"env", defaults.env},
+                            {"workdir", defaults.workdir},
+                            {"user", defaults.user},
+                            {"run_as", run_as},
                             {"copies", copies},
                             {"run", recipe.run},
                             {"warm_up", recipe.warm_up},

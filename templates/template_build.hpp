@@ -12,8 +12,9 @@
 //  1. the source, unpacked into a base image, kept in the store's .bases/ by the source's key
 //     (its archive's digest, its layout's index, its directory's listing) and disk size;
 //  2. the template's image: a copy of the base (a reflink where the filesystem can) with our
-//     init and agent, the mount points init needs, the image's Env/WorkingDir with --env and
-//     --workdir over them (/etc/agentvm/env and workdir, guest/image_defaults.hpp), and --copy.
+//     init and agent, the mount points init needs, --copy, and the image's Env/WorkingDir/User
+//     with --env, --workdir and --user over them (/etc/agentvm/env, workdir and user,
+//     protocol/image_defaults.hpp; the user resolved by templates/image_user.hpp).
 // A template whose inputs are all unchanged is not rebuilt.
 #pragma once
 
@@ -36,6 +37,7 @@ struct TemplateRecipe {
     std::vector<std::pair<std::filesystem::path, std::string>> copies;  // host path -> image path
     std::vector<std::string> env;                                       // KEY=VALUE, over the image's
     std::string workdir;                                                // over the image's WorkingDir
+    std::string user;                                                   // over the image's User
     std::vector<std::string> run;                                       // in the guest, at bake
     std::vector<std::string> warm_up;                                   // in the guest, at bake
     uint32_t cpus = 1;

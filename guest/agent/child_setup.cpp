@@ -12,6 +12,7 @@
 #include <string_view>
 
 #include "guest/agent/call_cgroup.hpp"
+#include "guest/agent/run_as.hpp"
 #include "common/fd.hpp"
 
 namespace agentvm {
@@ -132,6 +133,12 @@ void exec_child(ChildPlan& plan, int stdin_fd, int stdout_fd, int stderr_fd, int
     ::dup2(stdin_fd, STDIN_FILENO);
     ::dup2(stdout_fd, STDOUT_FILENO);
     ::dup2(stderr_fd, STDERR_FILENO);
+    // Last of what needs root, and before the cwd, whose permissions are the user's to meet.
+    if (const int error = drop_to_run_as(); error != 0) {
+        errno = error;
+        write_failure(status_fd, 4);
+        ::_exit(127);
+    }
     if (!plan.cwd.empty() && ::chdir(plan.cwd.c_str()) != 0) {
         write_failure(status_fd, 0);
         ::_exit(127);
@@ -144,7 +151,9 @@ void exec_child(ChildPlan& plan, int stdin_fd, int stdout_fd, int stderr_fd, int
 void throw_child_failure(const ChildPlan& plan, const ChildFailure& failure)
 {
     if (failure.stage >= 2) {
-        const char* what = failure.stage == 2 ? "joining the call's cgroup" : "setting oom_score_adj";
+        const char* what = failure.stage == 2   ? "joining the call's cgroup"
+                           : failure.stage == 3 ? "setting oom_score_adj"
+                                                : "taking the image's user's credentials";
         throw CallError("spawn_failed", std::string(what) + ": " + std::strerror(failure.error));
     }
     const bool missing = failure.error == ENOENT || failure.error == ENOTDIR;

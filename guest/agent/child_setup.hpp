@@ -23,7 +23,7 @@ struct ChildPlan {
 
 // What a child that could not exec writes to the status pipe.
 struct ChildFailure {
-    int stage; // 0: chdir, 1: execve, 2: joining the call's cgroup, 3: oom_score_adj
+    int stage; // 0: chdir, 1: execve, 2: joining the call's cgroup, 3: oom_score_adj, 4: run_as credentials
     int error;
 };
 
@@ -38,7 +38,8 @@ ChildPlan plan_child(const ExecRequest& request);
 
 // In the forked child: the call's cgroup (plan.cgroup_procs) and oom_score_adj
 // (confine_calls), a session of its own (so a timeout can kill the whole group), default SIGPIPE (the agent ignores it, and
-// ignored signals survive execve), the given stdio, the cwd, then execve. On failure writes a
+// ignored signals survive execve), the given stdio, the image's user (run_as.hpp), the cwd,
+// then execve. On failure writes a
 // ChildFailure to status_fd and exits 127.
 [[noreturn]] void exec_child(ChildPlan& plan, int stdin_fd, int stdout_fd, int stderr_fd, int status_fd);
 

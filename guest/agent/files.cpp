@@ -14,6 +14,7 @@
 
 #include "common/base64.hpp"
 #include "common/fd.hpp"
+#include "guest/agent/run_as.hpp"
 
 namespace agentvm {
 
@@ -62,10 +63,21 @@ struct DirCloser {
 
 size_t write_file(const WriteFileRequest& request)
 {
-    const int flags = O_WRONLY | O_CREAT | O_CLOEXEC | (request.append ? O_APPEND : O_TRUNC);
-    Fd fd(::open(request.path.c_str(), flags, request.mode.value_or(0644)));
+    const int flags = O_WRONLY | O_CLOEXEC | (request.append ? O_APPEND : O_TRUNC);
+    // A file this call creates belongs to the image's user (run_as.hpp), as if its commands
+    // had written it; an existing file keeps its owner. O_EXCL tells the two apart.
+    Fd fd(::open(request.path.c_str(), flags | O_CREAT | O_EXCL, request.mode.value_or(0644)));
+    const bool created = static_cast<bool>(fd);
+    if (!created && errno == EEXIST)
+        fd = Fd(::open(request.path.c_str(), flags));
     if (!fd)
         throw_file_error("open", request.path);
+    if (created) {
+        if (const int error = hand_over(fd.get()); error != 0) {
+            errno = error;
+            throw_file_error("chown", request.path);
+        }
+    }
     // open() applies the mode only to a new file, and through the umask; the caller asked
     // for exactly this mode.
     if (request.mode && ::fchmod(fd.get(), *request.mode) != 0)

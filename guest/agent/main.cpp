@@ -19,13 +19,15 @@
 #include "guest/agent/child_setup.hpp"
 #include "guest/agent/connection.hpp"
 #include "guest/agent/listen_address.hpp"
+#include "guest/agent/run_as.hpp"
 #include "common/error.hpp"
 
 namespace agentvm {
 
 namespace {
 
-constexpr char usage[] = "usage: agentvm-agent [--listen vsock:PORT|unix:PATH] [--call-cgroup DIR]\n";
+constexpr char usage[] =
+    "usage: agentvm-agent [--listen vsock:PORT|unix:PATH] [--call-cgroup DIR] [--user-file PATH]\n";
 
 // Commands get pipes for stdio, but descriptors 0-2 must not be handed out to pipes of
 // our own, or dup2 in a child would clobber them; init may start us with them closed.
@@ -50,6 +52,7 @@ int run(int argc, char** argv)
 {
     std::string spec = "vsock:" + std::to_string(default_agent_port);
     std::optional<std::string> call_cgroup;
+    std::string user_file = image_user_path;  // another only for the host tests
     for (int i = 1; i < argc; ++i) {
         const std::string_view arg = argv[i];
         if (arg == "--listen" && i + 1 < argc) {
@@ -58,6 +61,8 @@ int run(int argc, char** argv)
             spec = std::string(arg.substr(9));
         } else if (arg == "--call-cgroup" && i + 1 < argc) {
             call_cgroup = argv[++i];
+        } else if (arg == "--user-file" && i + 1 < argc) {
+            user_file = argv[++i];
         } else {
             std::fputs(usage, stderr);
             return 2;
@@ -69,6 +74,9 @@ int run(int argc, char** argv)
     ::signal(SIGPIPE, SIG_IGN);
     ensure_standard_fds();
     confine_calls(call_cgroup);
+    load_run_as(user_file.c_str());
+    if (run_as())
+        std::fprintf(stderr, "agentvm-agent: calls run as uid %u gid %u\n", run_as()->uid, run_as()->gid);
     Fd listener = listen_on(address);
     std::fprintf(stderr, "agentvm-agent: listening on %s\n", spec.c_str());
 

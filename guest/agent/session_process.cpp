@@ -14,6 +14,7 @@
 #include <cstring>
 
 #include "guest/agent/child_setup.hpp"
+#include "guest/agent/run_as.hpp"
 
 namespace agentvm {
 
@@ -50,6 +51,10 @@ Fd SessionProcess::open_fifo(const std::string& path)
 {
     if (::mkfifo(path.c_str(), 0600) != 0)
         fail(kind_, "mkfifo " + path);
+    if (const int error = hand_over(path); error != 0) {
+        errno = error;
+        fail(kind_, "chown " + path);
+    }
     // Non-blocking: opening the read end must not wait for the child to open the other.
     Fd fd(::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC));
     if (!fd)
@@ -66,6 +71,10 @@ void SessionProcess::start(std::vector<std::string> argv)
         fail(kind_, "mkdtemp");
     dir_ = dir;
     try {
+        if (const int error = hand_over(dir_); error != 0) {
+            errno = error;
+            fail(kind_, "chown " + dir_);
+        }
         status_ = open_fifo(status_path());
 
         ExecRequest request;

@@ -96,9 +96,14 @@ class Agent {
 public:
     // oom_score_adj: the agent starts with it, as init starts the guest's agent with -1000
     // (tests use a positive value: raising it needs no privilege).
-    explicit Agent(int oom_score_adj = 0) : dir_(make_temp_dir()), socket_path_(dir_ + "/agent.sock")
+    // user_file: the agent's --user-file (the image's /etc/agentvm/user in the guest).
+    explicit Agent(int oom_score_adj = 0, const std::string& user_file = "")
+        : dir_(make_temp_dir()), socket_path_(dir_ + "/agent.sock")
     {
         const std::string adj = std::to_string(oom_score_adj);
+        // The calls' user must reach the shell's FIFOs in dir_ (where TMPDIR puts them).
+        if (!user_file.empty())
+            REQUIRE(::chmod(dir_.c_str(), 0711) == 0);
         pid_ = ::fork();
         REQUIRE(pid_ >= 0);
         if (pid_ == 0) {
@@ -110,7 +115,10 @@ public:
                 if (fd < 0 || ::write(fd, adj.data(), adj.size()) != static_cast<ssize_t>(adj.size()))
                     ::_exit(126);
             }
-            ::execl(AGENTVM_AGENT_BIN, AGENTVM_AGENT_BIN, "--listen", listen.c_str(), nullptr);
+            // Without --user-file, one that no host has: the calls run as root.
+            const std::string users = user_file.empty() ? dir_ + "/no-user-file" : user_file;
+            ::execl(AGENTVM_AGENT_BIN, AGENTVM_AGENT_BIN, "--listen", listen.c_str(), "--user-file", users.c_str(),
+                    nullptr);
             ::_exit(127);
         }
     }

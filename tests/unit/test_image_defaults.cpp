@@ -73,3 +73,22 @@ TEST_CASE("init reads small files whole, refusing one too large or behind a syml
     ::unlink(file.c_str());
     ::rmdir(dir);
 }
+
+TEST_CASE("the user file is UID:GID with optional supplementary groups, exactly as the builder writes it")
+{
+    using agentvm::format_image_user;
+    using agentvm::ImageUser;
+    using agentvm::parse_image_user;
+    const ImageUser plain{1000, 1001, {}};
+    const ImageUser grouped{1000, 1001, {27, 100}};
+    CHECK(format_image_user(plain) == "1000:1001\n");
+    CHECK(format_image_user(grouped) == "1000:1001:27,100\n");
+    CHECK(parse_image_user(format_image_user(plain)) == plain);
+    CHECK(parse_image_user(format_image_user(grouped)) == grouped);
+    CHECK(parse_image_user("0:0") == ImageUser{0, 0, {}});
+    for (const char* bad : {"", "\n", "1000", "1000:", ":1000", "a:b", "-1:0", "+1:0", "1000:1000\n\n", "1000:1000:",
+                            "1000:1000:1,", "1000:1000:,1", "1000 :1000", "4294967295:0", "0:4294967295",
+                            "4294967296:0", "1000:1000:27:28"})
+        CHECK_MESSAGE(!parse_image_user(bad), std::string(bad));
+    CHECK(!parse_image_user("1000:1000\0x"s));
+}

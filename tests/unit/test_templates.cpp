@@ -11,6 +11,7 @@
 
 #include "common/error.hpp"
 #include "templates/image_source.hpp"
+#include "templates/image_user.hpp"
 #include "templates/rooted_tree.hpp"
 #include "templates/template_build.hpp"
 #include "templates/template_store.hpp"
@@ -153,6 +154,62 @@ TEST_CASE("writes into an image's tree stay inside it, whatever its symlinks say
     CHECK(!std::filesystem::exists(outside / "victim"));
     CHECK(!error_of([&] { tree.write_file("relative", "x", 0644); }).empty());
     CHECK(!error_of([&] { tree.write_file("/etc/..", "x", 0644); }).empty());
+}
+
+TEST_CASE("an image's User resolves against its own /etc/passwd and /etc/group, as a container runtime does")
+{
+    const std::string passwd = "root:x:0:0:root:/root:/bin/sh\n"
+                               "# a comment\n"
+                               "broken line\n"
+                               "app:x:1000:1000:App:/home/app:/bin/sh\n"
+                               "nohome:x:1001:1002:::/bin/sh\n"
+                               "bad:x:many:1:::\n";
+    const std::string group = "root:x:0:\nwheel:x:10:app,other\napp:x:1000:\ndocker:x:999:other,app\nstaff:x:50:\n";
+
+    const ResolvedUser app = resolve_image_user("app", passwd, group);
+    CHECK(app.ids == ImageUser{1000, 1000, {10, 999}});
+    CHECK(app.home == "/home/app");
+    CHECK(resolve_image_user("1000", passwd, group).ids == ImageUser{1000, 1000, {10, 999}});
+    // A group given is the only group.
+    CHECK(resolve_image_user("app:staff", passwd, group).ids == ImageUser{1000, 50, {}});
+    CHECK(resolve_image_user("app:77", passwd, group).ids == ImageUser{1000, 77, {}});
+    CHECK(resolve_image_user("4242:staff", passwd, group).ids == ImageUser{4242, 50, {}});
+    // A uid the image does not know: gid 0, home "/".
+    const ResolvedUser unknown = resolve_image_user("4242", passwd, group);
+    CHECK(unknown.ids == ImageUser{4242, 0, {}});
+    CHECK(unknown.home == "/");
+    CHECK(resolve_image_user("nohome", passwd, group).home == "/");
+    CHECK(resolve_image_user("root", passwd, group).is_root());
+    CHECK(resolve_image_user("0:0", "", "").is_root());
+    CHECK(!resolve_image_user("0:50", passwd, group).is_root());
+
+    CHECK(error_of([&] { resolve_image_user("ghost", passwd, group); }).find("no user 'ghost'") != std::string::npos);
+    CHECK(error_of([&] { resolve_image_user("app:ghosts", passwd, group); }).find("no group 'ghosts'")
+          != std::string::npos);
+    CHECK(error_of([&] { resolve_image_user("bad", passwd, group); }).find("no user 'bad'") != std::string::npos);
+    for (const char* spec : {":", "app:", ":staff"})
+        CHECK_MESSAGE(error_of([&] { resolve_image_user(spec, passwd, group); }).find("expected USER") != std::string::npos,
+                      std::string(spec));
+    // (uid_t)-1 is no one: a name, then, and no such user.
+    CHECK(!error_of([&] { resolve_image_user("4294967295", passwd, group); }).empty());
+}
+
+TEST_CASE("an image's files are read within its tree, regular files only, bounded")
+{
+    TempDir host;
+    const auto root = host.path / "root";
+    std::filesystem::create_directories(root / "etc");
+    std::ofstream(host.path / "secret") << "host";
+    std::filesystem::create_symlink(host.path / "secret", root / "etc" / "passwd");
+    std::ofstream(root / "etc" / "group") << "0123456789";
+    const RootedTree tree(root);
+    CHECK(!tree.read_file("/etc/passwd", 100));  // the link leads to /secret in the tree: none
+    CHECK(tree.read_file("/etc/group", 10) == "0123456789");
+    CHECK(error_of([&] { tree.read_file("/etc/group", 9); }).find("larger than 9 bytes") != std::string::npos);
+    CHECK(error_of([&] { tree.read_file("/etc", 100); }).find("not a regular file") != std::string::npos);
+    CHECK(!tree.read_file("/etc/missing", 100));
+    CHECK(tree.is_directory("/etc"));
+    CHECK(!tree.is_directory("/etc/group"));
 }
 
 TEST_CASE("a tool's failure names the step and shows the end of what it said; a hung one is killed")
