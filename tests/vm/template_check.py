@@ -104,10 +104,15 @@ def containerfile():
                 "RUN mkdir -p /data && echo made-by-run > /data/run.txt\n"
                 "COPY hello.txt /data/hello.txt\n"
                 "ENV GREETING=from-containerfile\n"
-                "WORKDIR /data\n")
+                "WORKDIR /data\n"
+                "RUN mkdir -p /home/agent && echo 'agent:x:1234:1234::/home/agent:/bin/sh' >> /etc/passwd"
+                " && printf 'agent:x:1234:\\ntools:x:77:other,agent\\n' >> /etc/group && chown 1234:1234 /home/agent\n"
+                "USER agent\n")
     built("cf", "--containerfile", os.path.join(ctx, "Containerfile"))
     m = manifest("cf")
     expect("GREETING=from-containerfile" in m["env"] and m["workdir"] == "/data", f"{m['env']} {m['workdir']}")
+    expect(m["user"] == "agent" and m["run_as"] == {"uid": 1234, "gid": 1234, "groups": [77], "home": "/home/agent"}
+           and "HOME=/home/agent" in m["env"], f"user: {m['user']} {m['run_as']} {m['env']}")
     r = build("cfbad", "--containerfile", os.path.join(ctx, "Bad"))
     refused(r, "Bad")
     with open(os.path.join(ctx, "Failing"), "w") as f:
@@ -115,7 +120,11 @@ def containerfile():
     r = build("cfbad", "--containerfile", os.path.join(ctx, "Failing"))
     refused(r, "step-output-shown", "buildah")
     expect(not os.path.exists(os.path.join(STORE, "cfbad")), "a failed build left a template")
-    return "RUN, COPY, ENV, WORKDIR from a local archive; a failing RUN shows its output"
+    r = build("cfbad", "--containerfile", os.path.join(ctx, "Containerfile"), "--user", "nobody-here")
+    refused(r, "no user 'nobody-here'", "/etc/passwd")
+    expect(not os.path.exists(os.path.join(STORE, "cfbad")), "a failed build left a template")
+    return ("RUN, COPY, ENV, WORKDIR, USER from a local archive (the user resolved in the image's passwd and "
+            "group); a failing RUN shows its output; an unknown --user is refused")
 
 
 def swe_repository():
@@ -303,9 +312,16 @@ def busybox_runs_exec_and_shell():
 
 def containerfile_template_runs():
     bake("cf")
-    out = episode("cf", [sh("cat run.txt hello.txt; echo $GREETING; pwd")])
+    out = episode("cf", [sh("cat run.txt hello.txt; echo $GREETING; pwd"),
+                         sh("id -u; id -G; echo $HOME; touch /data/mine 2>/dev/null || echo denied"),
+                         {"op": "write_file", "path": "/home/agent/note", "data": "hi"},
+                         sh("stat -c %u:%g /home/agent/note"),
+                         {"op": "shell", "cmd": "id -u; echo more >> /home/agent/note; cat /home/agent/note"}])
     expect(out[0].get("stdout") == "made-by-run\ncopied by COPY\nfrom-containerfile\n/data\n", f"{out[0]}")
-    return "RUN's file, COPY's file, ENV and WORKDIR all in the episode"
+    expect(out[1].get("stdout") == "1234\n1234 77\n/home/agent\ndenied\n", f"user: {out[1]}")
+    expect(out[2].get("ok") is True and out[3].get("stdout") == "1234:1234\n", f"write_file: {out[2]} {out[3]}")
+    expect(out[4].get("stdout") == "1234\nhimore\n", f"shell: {out[4]}")
+    return "RUN's file, COPY's file, ENV, WORKDIR and USER (exec, shell, write_file's owner) all in the episode"
 
 
 def whiteout_applied():
