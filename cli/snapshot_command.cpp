@@ -13,6 +13,7 @@
 #include <spdlog/spdlog.h>
 
 #include "cli/agent_vm.hpp"
+#include "cli/bake_calls.hpp"
 #include "cli/exit_codes.hpp"
 #include "cli/seconds_option.hpp"
 #include "cli/supervised.hpp"
@@ -37,55 +38,6 @@ struct BakeOptions {
     double step_timeout_s = 1800;
 };
 
-// One call the bake makes of the agent, in order, each sent once the one before is answered.
-struct BakeCall {
-    Json call;
-    std::string what;        // for messages: "--run 2 (make -j4)"
-    bool log_writes = false; // the warm pages: answered under KVM's dirty log
-    bool closes = false;     // the agent closes the connection after answering
-    // Ours, to warm caches: in an image without the program (a distroless or busybox image
-    // lacking `true` or a shell) its not_found answer is no failure.
-    bool may_be_missing = false;
-};
-
-constexpr const char* close_id = "agentvm-bake";
-// What a --run or --warm-up step may print that a failure then shows.
-constexpr uint64_t step_output_bytes = 64 * 1024;
-// An answer line: a step's output (base64 at worst) and the rest of the response.
-constexpr size_t max_answer_line = 4 * step_output_bytes + 64 * 1024;
-
-// The calls a bake runs before it pauses the guest. First the user's --run steps and
-// --warm-up commands (each `/bin/sh -c` in its own process, as a Containerfile's RUN: what
-// they write to the disk is in the snapshot, their processes end with the connection). Then
-// ours: they load what every tool call needs (the agent's exec path, bash, libc) into the
-// guest's page cache and caches, so that the snapshot holds them and restored VMs neither read
-// them from disk nor dirty pages loading them. The first of ours runs alone, under KVM's dirty
-// log: the pages it writes are the snapshot's warm pages (vmm/warm_pages.hpp), those a
-// restored VM's first call writes. The shell session's pages are left out: they are many, and
-// an idle VM would carry them all (measured in the test host: 868 warm pages with it, idle VMs
-// 4.1 MiB private instead of the 3 MiB we allow).
-std::vector<BakeCall> bake_calls(const BakeOptions& options)
-{
-    std::vector<BakeCall> calls;
-    const auto add_steps = [&](const std::vector<std::string>& commands, const char* flag) {
-        for (size_t i = 0; i < commands.size(); ++i)
-            calls.push_back({Json{{"id", fmt::format("agentvm{}-{}", flag, i + 1)},
-                                  {"op", "exec"},
-                                  {"argv", {"/bin/sh", "-c", commands[i]}},
-                                  {"timeout", options.step_timeout_s},
-                                  {"max_output", step_output_bytes}},
-                             fmt::format("{} {} ({})", flag, i + 1, commands[i].substr(0, 80))});
-    };
-    add_steps(options.run, "--run");
-    add_steps(options.warm_up, "--warm-up");
-    calls.push_back(
-        {Json{{"id", "agentvm-warm-exec"}, {"op", "exec"}, {"argv", {"true"}}}, "the warm-up exec", true, false, true});
-    calls.push_back({Json{{"id", "agentvm-warm-shell"}, {"op", "shell"}, {"cmd", "true"}}, "the warm-up shell call", false,
-                     false, true});
-    calls.push_back({Json{{"id", close_id}, {"op", "close"}}, "close", false, true});
-    return calls;
-}
-
 // After the agent has closed the connection, the guest still tears the warm-up calls down in
 // the background (their processes' exit, their cgroups' removal, RCU callbacks). A snapshot
 // taken before that is done makes every restore finish it first, before the guest can answer:
@@ -101,33 +53,6 @@ void send_line(int fd, const Json& call)
         throw_errno("sending a bake call to the guest agent");
 }
 
-// Why `answer` to `call` fails the bake, or "" when it succeeded.
-std::string failure_of(const BakeCall& call, const std::string& line)
-{
-    const Json answer = Json::parse(line, nullptr, false);
-    if (!answer.is_object() || answer.value("id", Json()) != call.call["id"])
-        return fmt::format("the guest agent answered {} with something else: {}", call.what, line.substr(0, 300));
-    if (call.closes)
-        return answer.value("ok", false) ? "" : "the guest agent did not close: " + line.substr(0, 300);
-    if (answer.contains("error")) {
-        const Json& error = answer["error"];
-        if (call.may_be_missing && error.is_object() && error.value("code", "") == "not_found") {
-            spdlog::info("{} skipped: {}", call.what, error.value("message", ""));
-            return "";
-        }
-        return fmt::format("{} failed in the guest: {}", call.what, error.dump());
-    }
-    if (answer.value("exit_code", Json(-1)) == 0)
-        return "";
-    const auto text = [&](const char* stream) {
-        const std::string said = answer.value(stream, "");
-        return said.empty() ? "" : fmt::format("\n{}:\n{}", stream, said);
-    };
-    return fmt::format("{} failed in the guest: exit code {}, signal {}{}{}{}", call.what,
-                       answer.value("exit_code", Json()).dump(), answer.value("signal", Json()).dump(),
-                       answer.value("timed_out", false) ? " (timed out)" : "", text("stdout"), text("stderr"));
-}
-
 double ms_since(Clock::time_point start)
 {
     return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
@@ -141,7 +66,7 @@ int run_bake(BakeOptions& options)
     options.vm.keep_writable_dir(writer.parent_dir());
     Fd agent;
     double ready_ms = 0;
-    const std::vector<BakeCall> calls = bake_calls(options);
+    const std::vector<BakeCall> calls = bake_calls(options.run, options.warm_up, options.step_timeout_s);
     size_t next = 0;        // the call to send once the one in flight is answered
     std::string pending;    // what the agent sent beyond the last whole line
     std::string failure;
@@ -193,7 +118,7 @@ int run_bake(BakeOptions& options)
                     send_next();
                 }
             }
-            if (pending.size() > max_answer_line) {
+            if (pending.size() > max_bake_answer_line) {
                 agent_vm.vm().event_loop().unwatch(agent.get());
                 agent_vm.fail("the guest agent sent an answer line longer than a bake call's");
             }
