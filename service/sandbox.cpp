@@ -111,12 +111,12 @@ uint64_t Sandbox::call(Json request, std::optional<Json> summary, CallHandlers h
         for (const auto& [name, value] : settings_.env)
             exports += " " + name + "=" + shell_quote(value);
         send(Json{{"op", "shell"}, {"cmd", exports}},
-             Call{CallHandlers{[](Json&&) {}, [](Json&&) {}}, std::nullopt, false});
+             Call{CallHandlers{[](Json&&) {}, [](Json&&) {}}, std::nullopt, false, true});
     }
     std::optional<uint64_t> seq;
     if (summary)
         seq = history_.begin(std::move(*summary));
-    return send(std::move(request), Call{std::move(handlers), seq, true});
+    return send(std::move(request), Call{std::move(handlers), seq, true, op == "shell"});
 }
 
 uint64_t Sandbox::send(Json request, Call call)
@@ -184,6 +184,14 @@ void Sandbox::on_line(std::string&& line)
         return;
     }
     last_activity_ = Clock::now();
+    // A timeout or cancel killed the shell; the next shell call starts a fresh one, which
+    // needs the sandbox's env again.
+    const auto said = [&](const char* key) {
+        const auto field = message.find(key);
+        return field != message.end() && field->is_boolean() && field->get<bool>();
+    };
+    if (call.shell && (said("timed_out") || said("cancelled")))
+        shell_env_sent_ = false;
     CallHandlers handlers = std::move(call.handlers);
     if (call.history_seq)
         history_.end(*call.history_seq, message);

@@ -107,6 +107,7 @@ private:
         CallHandlers handlers;
         std::optional<uint64_t> history_seq;  // none: not recorded
         bool counts_as_activity = true;       // false: serve's own (the shell's env)
+        bool shell = false;                   // a shell call: one that kills the shell loses the env
     };
     void on_line(std::string&& line);
     void on_exit(int wait_status);

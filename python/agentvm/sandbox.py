@@ -531,8 +531,8 @@ class AsyncSandbox:
         self.commands = AsyncCommands(self)
         self.files = AsyncFiles(self)
         self._killed = False
-        # Embedded: the sandbox's envs are exported in the shell before its first call (serve
-        # does that itself), and in both modes again after a shell was killed.
+        # Embedded: the sandbox's envs are exported in the shell before its first call, and
+        # again after a shell was killed (serve does both itself).
         self._shell_env_pending = bool(envs) and mode == "embedded"
         self._stream_value: Any = "only" if mode == "embedded" else True
 
@@ -738,9 +738,8 @@ class AsyncSandbox:
                         self._shell_env_pending = True
                 except Exception:
                     self._shell_env_pending = True
-        if self.envs and (msg.get("timed_out") or msg.get("cancelled")):
-            # That shell was killed; the next call starts a fresh one, which gets the envs
-            # again (serve exports them only before a sandbox's first shell call).
+        if self.envs and self.mode == "embedded" and (msg.get("timed_out") or msg.get("cancelled")):
+            # That shell was killed; the next call starts a fresh one, which gets the envs again.
             self._shell_env_pending = True
         return msg
 
