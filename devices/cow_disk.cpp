@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <algorithm>
 #include <climits>
 #include <cstdlib>
 #include <fmt/format.h>
@@ -148,29 +149,63 @@ bool CowDisk::in_range(uint64_t sector, uint64_t count) const
     return sector <= capacity_sectors_ && count <= capacity_sectors_ - sector;
 }
 
-std::vector<std::pair<uint64_t, uint64_t>> CowDisk::written_byte_ranges() const
+namespace {
+
+bool bit(const std::vector<uint64_t>& bitmap, uint64_t sector)
+{
+    return sector / 64 < bitmap.size() && (bitmap[sector / 64] >> (sector % 64)) & 1;
+}
+
+// The sectors `holds` says yes to, as byte ranges; whole zero words of `any` are skipped.
+template <typename Holds>
+std::vector<std::pair<uint64_t, uint64_t>> byte_ranges(uint64_t sectors, const std::vector<uint64_t>& any,
+                                                       Holds holds)
 {
     std::vector<std::pair<uint64_t, uint64_t>> ranges;
-    for (uint64_t s = 0; s < capacity_sectors_;) {
-        if (written_[s / 64] == 0 && s % 64 == 0) {
+    for (uint64_t s = 0; s < sectors;) {
+        if (s % 64 == 0 && any[s / 64] == 0) {
             s += 64;
             continue;
         }
-        if (!is_written(s)) {
+        if (!holds(s)) {
             ++s;
             continue;
         }
         const uint64_t start = s;
-        while (s < capacity_sectors_ && is_written(s))
+        while (s < sectors && holds(s))
             ++s;
-        ranges.emplace_back(start * sector_size, (s - start) * sector_size);
+        ranges.emplace_back(start * CowDisk::sector_size, (s - start) * CowDisk::sector_size);
     }
     return ranges;
 }
 
+} // namespace
+
+bool CowDisk::in_overlay(uint64_t sector) const
+{
+    return bit(written_, sector);
+}
+
+bool CowDisk::in_layer(uint64_t sector) const
+{
+    return bit(layer_sectors_, sector);
+}
+
+std::vector<std::pair<uint64_t, uint64_t>> CowDisk::overlay_byte_ranges() const
+{
+    return byte_ranges(capacity_sectors_, written_, [this](uint64_t s) { return in_overlay(s); });
+}
+
+std::vector<std::pair<uint64_t, uint64_t>> CowDisk::layer_byte_ranges() const
+{
+    if (layer_sectors_.empty())
+        return {};
+    return byte_ranges(capacity_sectors_, layer_sectors_, [this](uint64_t s) { return in_layer(s) && !in_overlay(s); });
+}
+
 bool CowDisk::is_written(uint64_t sector) const
 {
-    return sector < capacity_sectors_ && (written_[sector / 64] >> (sector % 64)) & 1;
+    return in_overlay(sector) || in_layer(sector);
 }
 
 std::vector<CowDisk::Extent> CowDisk::plan_read(uint64_t sector, uint64_t count) const
@@ -181,13 +216,29 @@ std::vector<CowDisk::Extent> CowDisk::plan_read(uint64_t sector, uint64_t count)
     std::vector<Extent> plan;
     for (uint64_t s = sector; s < sector + count; ++s) {
         // Past the base's end the overlay's holes are the disk's zeros.
-        const bool overlay = s >= base_sectors_ || is_written(s);
-        if (!plan.empty() && plan.back().overlay == overlay)
+        const Source source = in_overlay(s) ? Source::overlay
+                              : in_layer(s) ? Source::layer
+                              : s >= base_sectors_ ? Source::overlay
+                                                   : Source::base;
+        if (!plan.empty() && plan.back().source == source)
             ++plan.back().count;
         else
-            plan.push_back({s, 1, overlay});
+            plan.push_back({s, 1, source});
     }
     return plan;
+}
+
+int CowDisk::fd_of(Source source) const
+{
+    switch (source) {
+    case Source::base:
+        return base_.get();
+    case Source::layer:
+        return layer_file_.get();
+    case Source::overlay:
+        break;
+    }
+    return overlay_.get();
 }
 
 void CowDisk::mark_written(uint64_t sector, uint64_t count)
@@ -230,7 +281,7 @@ void CowDisk::read(EventLoop& loop, uint64_t sector, std::span<const iovec> iov,
         op->parts.push_back(slice_iovecs(iov, (e.sector - sector) * sector_size, e.count * sector_size));
     for (size_t i = 0; i < plan.size(); ++i) {
         const Extent& e = plan[i];
-        const int fd = e.overlay ? overlay_.get() : base_.get();
+        const int fd = fd_of(e.source);
         const uint64_t expected = e.count * sector_size;
         loop.readv(fd, op->parts[i].data(), static_cast<unsigned>(op->parts[i].size()), e.sector * sector_size,
                    [op, expected](int32_t res) { op->complete_part(res, expected); });
@@ -258,10 +309,13 @@ void CowDisk::write(EventLoop& loop, uint64_t sector, std::span<const iovec> iov
 
 CowDisk::State CowDisk::save() const
 {
-    return {capacity_sectors_, written_};
+    State state{capacity_sectors_, written_};
+    for (size_t i = 0; i < layer_sectors_.size(); ++i)
+        state.written[i] |= layer_sectors_[i];
+    return state;
 }
 
-void CowDisk::restore(const State& s)
+void CowDisk::restore(const State& s, Fd layer)
 {
     if (s.capacity_sectors != capacity_sectors_)
         throw Error(fmt::format("disk state for {} sectors, disk {} has {}", s.capacity_sectors, name_,
@@ -270,7 +324,12 @@ void CowDisk::restore(const State& s)
         throw Error(fmt::format("disk state bitmap has {} words, expected {}", s.written.size(), written_.size()));
     if (capacity_sectors_ % 64 != 0 && (s.written.back() >> (capacity_sectors_ % 64)) != 0)
         throw Error("disk state marks sectors beyond the end of the disk");
-    written_ = s.written;
+    if (!layer)
+        throw Error(fmt::format("restoring disk {}: no file for the snapshot's sectors", name_));
+    if (!layer_sectors_.empty() || std::any_of(written_.begin(), written_.end(), [](uint64_t w) { return w != 0; }))
+        throw Error(fmt::format("disk {} was written or restored before; a restore needs a fresh disk", name_));
+    layer_sectors_ = s.written;
+    layer_file_ = std::move(layer);
 }
 
 } // namespace agentvm

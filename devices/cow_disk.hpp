@@ -7,11 +7,15 @@
 // runs served from the base or the overlay. The disk may be larger than the base: sectors
 // past the base's end live in the overlay alone and read as zeros until written.
 //
+// A VM restored from a snapshot reads the snapshot's disk file as a read-only layer between
+// the base and its overlay (restore()): every clone shares that file and its page cache, and
+// a restore copies nothing.
+//
 // The planning (plan_read, mark_written) is pure; read/write submit through the EventLoop
 // and complete on its thread. Not thread-safe: the owning device serializes access. Must not
 // be moved or destroyed while I/O is in flight (completions refer to it).
-// Leaves out: discard, write-zeroes, persisting the overlay (a snapshot must copy the overlay
-// file itself, see overlay_fd()).
+// Leaves out: discard, write-zeroes, persisting the overlay (a snapshot copies the disk's own
+// sectors itself: overlay_byte_ranges(), layer_byte_ranges()), layers of layers.
 #pragma once
 
 #include <sys/uio.h>
@@ -35,17 +39,21 @@ public:
     // Offsets are off_t and results int32: a disk stays well inside both ranges.
     static constexpr uint64_t max_capacity_bytes = uint64_t{1} << 62;
 
+    enum class Source { base, layer, overlay };
+
     struct Extent {
         uint64_t sector;
         uint64_t count;
-        bool overlay;  // else the base image
+        Source source;
 
         bool operator==(const Extent&) const = default;
     };
 
     struct State {
         uint64_t capacity_sectors = 0;
-        std::vector<uint64_t> written;  // bit s%64 of word s/64: sector s lives in the overlay
+        // Bit s%64 of word s/64: sector s is the disk's own (the overlay's or the layer's),
+        // not the base's.
+        std::vector<uint64_t> written;
 
         bool operator==(const State&) const = default;
     };
@@ -65,6 +73,7 @@ public:
     uint64_t base_sectors() const { return base_sectors_; }
     int base_fd() const { return base_.get(); }
     int overlay_fd() const { return overlay_.get(); }
+    int layer_fd() const { return layer_file_.get(); }  // -1 without a layer
 
     // [sector, sector+count) lies inside the disk (overflow-safe).
     bool in_range(uint64_t sector, uint64_t count) const;
@@ -72,10 +81,12 @@ public:
     std::vector<Extent> plan_read(uint64_t sector, uint64_t count) const;
     // Records that the overlay now holds these sectors. Throws GuestError when out of range.
     void mark_written(uint64_t sector, uint64_t count);
+    // The overlay or the layer holds the sector.
     bool is_written(uint64_t sector) const;
-    // The written sectors as byte ranges [offset, offset+length) of the disk, in order: what
-    // a snapshot stores and a restore copies back into the overlay.
-    std::vector<std::pair<uint64_t, uint64_t>> written_byte_ranges() const;
+    // Byte ranges [offset, offset+length) of the disk, in order: those the overlay holds, and
+    // those only the layer holds. Together, what a snapshot of this disk stores.
+    std::vector<std::pair<uint64_t, uint64_t>> overlay_byte_ranges() const;
+    std::vector<std::pair<uint64_t, uint64_t>> layer_byte_ranges() const;
 
     // Reads/writes sizeof(iov) bytes at `sector`. The iovec array is copied; the buffers must
     // stay valid until `done` runs on the loop thread. A write marks its sectors written only
@@ -86,19 +97,27 @@ public:
     void write(EventLoop& loop, uint64_t sector, std::span<const iovec> iov, Completion done);
 
     State save() const;
-    // Throws Error when the state is for a disk of another size or its bitmap is malformed.
-    void restore(const State& state);
+    // Makes `layer` (a snapshot's disk file of this disk's size, only ever read) hold the
+    // sectors `state` marks, under an empty overlay. Throws Error when the state is for a disk
+    // of another size or its bitmap is malformed, or when the disk has been written or
+    // restored before.
+    void restore(const State& state, Fd layer);
 
 private:
     void open_overlay(const std::string& overlay_dir);
     uint64_t check_request(uint64_t sector, std::span<const iovec> iov) const;
+    bool in_overlay(uint64_t sector) const;
+    bool in_layer(uint64_t sector) const;
+    int fd_of(Source source) const;
 
     Fd base_;
     Fd overlay_;
+    Fd layer_file_;
     std::string name_;
     uint64_t capacity_sectors_ = 0;
     uint64_t base_sectors_ = 0;
-    std::vector<uint64_t> written_;
+    std::vector<uint64_t> written_;  // the overlay's sectors, as State::written
+    std::vector<uint64_t> layer_sectors_;  // as written_, for the layer; empty without one
 };
 
 // The sub-list of iov covering bytes [offset, offset+len) of the concatenated buffers.

@@ -266,12 +266,12 @@ VirtioBlk::State VirtioBlk::save() const
     return {disk_.save()};
 }
 
-void VirtioBlk::restore(const State& state)
+void VirtioBlk::restore(const State& state, Fd disk_layer)
 {
     std::lock_guard lock(mutex());
     if (in_flight_ != 0)
         throw Error("virtio-blk: cannot restore with requests in flight");
-    disk_.restore(state.disk);
+    disk_.restore(state.disk, std::move(disk_layer));
 }
 
 } // namespace agentvm

@@ -96,8 +96,9 @@ public:
 
     // Quiesce first: throws Error while requests are in flight.
     State save() const;
-    // Call before restoring the transport. Throws Error on a mismatched disk or while busy.
-    void restore(const State& state);
+    // Call before restoring the transport; disk_layer is the snapshot's disk file
+    // (CowDisk::restore). Throws Error on a mismatched disk or while busy.
+    void restore(const State& state, Fd disk_layer);
 
 private:
     void handle(Virtqueue& queue, const DescriptorChain& chain, bool& used_added);

@@ -103,7 +103,7 @@ Vm::Vm(const Kvm& kvm, const VmConfig& config, VmSnapshotData snapshot)
                                                  "snapshot memory"))
 {
     try {
-        restore_state(snapshot.state, snapshot.disk.get());
+        restore_state(snapshot.state, std::move(snapshot.disk));
     } catch (const nlohmann::json::exception& e) {
         throw Error(fmt::format("snapshot: malformed state: {}", e.what()));
     }
@@ -237,8 +237,10 @@ void Vm::save_disk(int fd) const
     if (!blk_)
         return;
     const CowDisk& disk = blk_->disk();
-    copy_ranges(disk.overlay_fd(), fd, disk.written_byte_ranges(), disk.capacity_sectors() * CowDisk::sector_size,
-                "the disk overlay into the snapshot");
+    const uint64_t size = disk.capacity_sectors() * CowDisk::sector_size;
+    if (disk.layer_fd() >= 0)
+        copy_ranges(disk.layer_fd(), fd, disk.layer_byte_ranges(), size, "the restored snapshot's disk into the snapshot");
+    copy_ranges(disk.overlay_fd(), fd, disk.overlay_byte_ranges(), size, "the disk overlay into the snapshot");
 }
 
 uint64_t Vm::disk_bytes() const
@@ -246,7 +248,7 @@ uint64_t Vm::disk_bytes() const
     return blk_ ? blk_->disk().capacity_sectors() * CowDisk::sector_size : 0;
 }
 
-void Vm::restore_state(const nlohmann::json& state, int disk_fd)
+void Vm::restore_state(const nlohmann::json& state, Fd disk)
 {
     // Everything is decoded and checked before KVM or a device sees any of it.
     const nlohmann::json& vcpu_docs = state.at("vcpus");
@@ -275,13 +277,10 @@ void Vm::restore_state(const nlohmann::json& state, int disk_fd)
 
     serial_->restore(serial);
     if (blk_) {
-        // The sectors the guest had written live in the snapshot's disk file; this VM's own
-        // overlay starts as a copy of just those, so the snapshot stays as it was for every
-        // other clone.
-        blk_->restore(*blk);
-        const CowDisk& disk = blk_->disk();
-        copy_ranges(disk_fd, disk.overlay_fd(), disk.written_byte_ranges(),
-                    disk.capacity_sectors() * CowDisk::sector_size, "the snapshot's disk into the overlay");
+        // The sectors the guest had written live in the snapshot's disk file, which this VM
+        // reads as a layer under its own overlay: every clone shares it, a restore copies
+        // nothing, and the snapshot stays as it was.
+        blk_->restore(*blk, std::move(disk));
         blk_slot_->transport().restore(*blk_transport);
     }
     // Each device before its transport (see VirtioVsock::restore).

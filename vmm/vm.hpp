@@ -115,7 +115,7 @@ private:
     std::string add_root_disk(const std::string& path, const std::string& overlay_dir, uint64_t disk_bytes);
     std::string add_vsock(const std::optional<std::string>& uds_path);
     void create_vcpus(const LoadedKernel& kernel);
-    void restore_state(const nlohmann::json& state, int disk_fd);
+    void restore_state(const nlohmann::json& state, Fd disk);
     void vcpu_loop(Vcpu& vcpu);
     void kick_vcpus();  // only from the thread in run()
 

@@ -215,7 +215,7 @@ void restore_blk(const json* part)
     }
     VirtioBlk blk(CowDisk(base_image(), "fuzz base image"), loop());
     try {
-        blk.restore(*s);
+        blk.restore(*s, base_image());  // a disk file as the snapshot's layer: any will do
     } catch (const Error&) {
         return;
     }

@@ -100,7 +100,9 @@ TEST_CASE_FIXTURE(Fixture, "read planning splits runs between base and overlay")
 {
     CowDisk disk(base_path, overlay_dir.path);
     using E = CowDisk::Extent;
-    CHECK(disk.plan_read(0, sectors) == std::vector<E>{{0, sectors, false}});
+    constexpr auto B = CowDisk::Source::base;
+    constexpr auto O = CowDisk::Source::overlay;
+    CHECK(disk.plan_read(0, sectors) == std::vector<E>{{0, sectors, B}});
     CHECK(disk.plan_read(5, 0).empty());
 
     disk.mark_written(3, 2);
@@ -109,12 +111,12 @@ TEST_CASE_FIXTURE(Fixture, "read planning splits runs between base and overlay")
     CHECK(disk.is_written(3));
     CHECK(disk.is_written(4));
     CHECK_FALSE(disk.is_written(5));
-    CHECK(disk.plan_read(0, 8) == std::vector<E>{{0, 3, false}, {3, 2, true}, {5, 3, false}});
-    CHECK(disk.plan_read(4, 1) == std::vector<E>{{4, 1, true}});
-    CHECK(disk.plan_read(60, 10) == std::vector<E>{{60, 3, false}, {63, 3, true}, {66, 4, false}});
-    CHECK(disk.plan_read(98, 2) == std::vector<E>{{98, 1, false}, {99, 1, true}});
+    CHECK(disk.plan_read(0, 8) == std::vector<E>{{0, 3, B}, {3, 2, O}, {5, 3, B}});
+    CHECK(disk.plan_read(4, 1) == std::vector<E>{{4, 1, O}});
+    CHECK(disk.plan_read(60, 10) == std::vector<E>{{60, 3, B}, {63, 3, O}, {66, 4, B}});
+    CHECK(disk.plan_read(98, 2) == std::vector<E>{{98, 1, B}, {99, 1, O}});
     using Ranges = std::vector<std::pair<uint64_t, uint64_t>>;
-    CHECK(disk.written_byte_ranges() == Ranges{{3 * 512, 2 * 512}, {63 * 512, 3 * 512}, {99 * 512, 512}});
+    CHECK(disk.overlay_byte_ranges() == Ranges{{3 * 512, 2 * 512}, {63 * 512, 3 * 512}, {99 * 512, 512}});
 
     CHECK(disk.in_range(0, sectors));
     CHECK(disk.in_range(sectors, 0));
@@ -202,7 +204,9 @@ TEST_CASE_FIXTURE(Fixture, "a disk larger than its base reads zeros past the bas
     REQUIRE(::fstat(disk.overlay_fd(), &st) == 0);
     CHECK(static_cast<uint64_t>(st.st_size) == capacity * 512);
     using E = CowDisk::Extent;
-    CHECK(disk.plan_read(98, 4) == std::vector<E>{{98, 2, false}, {100, 2, true}});
+    constexpr auto B = CowDisk::Source::base;
+    constexpr auto O = CowDisk::Source::overlay;
+    CHECK(disk.plan_read(98, 4) == std::vector<E>{{98, 2, B}, {100, 2, O}});
     CHECK_FALSE(disk.is_written(100));
 
     // Across the base's end: the base's last sector, then zeros.
@@ -226,10 +230,10 @@ TEST_CASE_FIXTURE(Fixture, "a disk larger than its base reads zeros past the bas
 
     // The state carries the capacity: a disk of the base's size does not take it.
     CowDisk same(base_path, overlay_dir.path, capacity * 512);
-    same.restore(disk.save());
+    same.restore(disk.save(), Fd(::dup(disk.overlay_fd())));
     CHECK(same.save() == disk.save());
     CowDisk smaller(base_path, overlay_dir.path);
-    CHECK_THROWS_AS(smaller.restore(disk.save()), Error);
+    CHECK_THROWS_AS(smaller.restore(disk.save(), Fd(::dup(disk.overlay_fd()))), Error);
 }
 
 TEST_CASE_FIXTURE(Fixture, "a disk cannot be smaller than its base or a partial sector")
@@ -271,15 +275,81 @@ TEST_CASE_FIXTURE(Fixture, "save, restore, save is identical")
     CHECK(s.written[0] == 1);
 
     CowDisk other(base_path, overlay_dir.path);
-    other.restore(s);
+    other.restore(s, Fd(::dup(disk.overlay_fd())));
     CHECK(other.save() == s);
-    CHECK(other.plan_read(0, 2) == std::vector<CowDisk::Extent>{{0, 1, true}, {1, 1, false}});
+    CHECK(other.plan_read(0, 2) == std::vector<CowDisk::Extent>{{0, 1, CowDisk::Source::layer}, {1, 1, CowDisk::Source::base}});
 
     auto bad = s;
     SUBCASE("wrong capacity") { bad.capacity_sectors = 128; }
     SUBCASE("wrong bitmap size") { bad.written.push_back(0); }
     SUBCASE("bits beyond the end") { bad.written[1] |= 1ull << 40; }
     CowDisk third(base_path, overlay_dir.path);
-    CHECK_THROWS_AS(third.restore(bad), Error);
+    CHECK_THROWS_AS(third.restore(bad, Fd(::dup(disk.overlay_fd()))), Error);
     CHECK(third.save() == CowDisk(base_path, overlay_dir.path).save());
+}
+
+TEST_CASE_FIXTURE(Fixture, "a restored disk reads the snapshot's sectors from its layer, and writes only its overlay")
+{
+    EventLoop loop;
+    using Ranges = std::vector<std::pair<uint64_t, uint64_t>>;
+    // The snapshotted disk: sectors 2-3 and 70 written.
+    CowDisk first(base_path, overlay_dir.path);
+    std::vector<uint8_t> a(2 * 512, 0xa1);
+    iovec av{a.data(), a.size()};
+    REQUIRE(run(loop, [&](auto done) { first.write(loop, 2, {&av, 1}, done); }) == 1024);
+    std::vector<uint8_t> b(512, 0xb2);
+    iovec bv{b.data(), b.size()};
+    REQUIRE(run(loop, [&](auto done) { first.write(loop, 70, {&bv, 1}, done); }) == 512);
+    const CowDisk::State state = first.save();
+    // What a snapshot keeps: the written sectors in a file of their own.
+    const std::string snapshot_disk = dir.path + "/snapshot-disk";
+    std::vector<uint8_t> file(sectors * 512, 0);
+    std::copy(a.begin(), a.end(), file.begin() + 2 * 512);
+    std::copy(b.begin(), b.end(), file.begin() + 70 * 512);
+    write_bytes(snapshot_disk, file);
+    const auto layer = [&] { return Fd(::open(snapshot_disk.c_str(), O_RDONLY | O_CLOEXEC)); };
+
+    CowDisk clone(base_path, overlay_dir.path);
+    clone.restore(state, layer());
+    using E = CowDisk::Extent;
+    constexpr auto B = CowDisk::Source::base;
+    constexpr auto L = CowDisk::Source::layer;
+    constexpr auto O = CowDisk::Source::overlay;
+    CHECK(clone.plan_read(0, 6) == std::vector<E>{{0, 2, B}, {2, 2, L}, {4, 2, B}});
+    CHECK(clone.is_written(70));
+    CHECK(clone.overlay_byte_ranges().empty());
+    CHECK(clone.layer_byte_ranges() == Ranges{{2 * 512, 2 * 512}, {70 * 512, 512}});
+    std::vector<uint8_t> r(4 * 512);
+    iovec rv{r.data(), r.size()};
+    REQUIRE(run(loop, [&](auto done) { clone.read(loop, 1, {&rv, 1}, done); }) == 2048);
+    CHECK(std::vector<uint8_t>(r.begin(), r.begin() + 512) == base_sector(1));
+    CHECK(std::vector<uint8_t>(r.begin() + 512, r.begin() + 1536) == a);
+    CHECK(std::vector<uint8_t>(r.begin() + 1536, r.end()) == base_sector(4));
+
+    // The clone overwrites sector 3 of the layer and writes sector 10: its overlay has them.
+    std::vector<uint8_t> c(512, 0xc3);
+    iovec cv{c.data(), c.size()};
+    REQUIRE(run(loop, [&](auto done) { clone.write(loop, 3, {&cv, 1}, done); }) == 512);
+    REQUIRE(run(loop, [&](auto done) { clone.write(loop, 10, {&cv, 1}, done); }) == 512);
+    CHECK(clone.plan_read(2, 2) == std::vector<E>{{2, 1, L}, {3, 1, O}});
+    REQUIRE(run(loop, [&](auto done) { clone.read(loop, 2, {&av, 1}, done); }) == 1024);
+    CHECK(std::vector<uint8_t>(a.begin(), a.begin() + 512) == std::vector<uint8_t>(512, 0xa1));
+    CHECK(std::vector<uint8_t>(a.begin() + 512, a.end()) == c);
+    CHECK(clone.overlay_byte_ranges() == Ranges{{3 * 512, 512}, {10 * 512, 512}});
+    CHECK(clone.layer_byte_ranges() == Ranges{{2 * 512, 512}, {70 * 512, 512}});
+    // Its state is everything it holds, whichever file holds it.
+    const CowDisk::State saved = clone.save();
+    CHECK(saved.written[0] == ((1ull << 2) | (1ull << 3) | (1ull << 10)));
+    CHECK(saved.written[1] == (1ull << 6));
+    // The snapshot's file and the base are as they were.
+    CHECK(read_bytes(snapshot_disk) == file);
+    CHECK(read_bytes(base_path) == base_bytes);
+
+    // One layer, on a fresh disk only.
+    CHECK_THROWS_WITH_AS(clone.restore(state, layer()), doctest::Contains("fresh disk"), Error);
+    CowDisk written(base_path, overlay_dir.path);
+    written.mark_written(0, 1);
+    CHECK_THROWS_AS(written.restore(state, layer()), Error);
+    CowDisk no_file(base_path, overlay_dir.path);
+    CHECK_THROWS_WITH_AS(no_file.restore(state, Fd()), doctest::Contains("no file"), Error);
 }

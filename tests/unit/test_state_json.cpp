@@ -293,7 +293,8 @@ struct BlkTarget {
     using State = VirtioBlk::State;
     static constexpr std::string_view path = "blk";
     BlkRig rig;
-    void restore(const State& s) { rig.blk.restore(s); }
+    // Any file stands for the snapshot's disk: only the state is under test.
+    void restore(const State& s) { rig.blk.restore(s, Fd(::open(rig.base_path.c_str(), O_RDONLY | O_CLOEXEC))); }
     State save() const { return rig.blk.save(); }
 };
 

@@ -590,13 +590,14 @@ TEST_CASE_FIXTURE(Rig, "save, restore, save is identical")
     CHECK(blk_state.disk.capacity_sectors == sectors);
     CHECK(blk_state.disk.written[1] == (3ull << 6));
 
-    // A fresh device over the same base; the overlay contents would travel separately.
+    // A fresh device over the same base, the written sectors in a file of their own (the
+    // snapshot's disk), read as its layer.
     TempDir overlays2;
     GuestMemory mem2(ram);
     EventLoop loop2;
     VirtioBlk blk2(CowDisk(base_path, overlays2.path), loop2);
     VirtioMmioTransport mmio2(mem2, blk2, {}, {});
-    blk2.restore(blk_state);
+    blk2.restore(blk_state, Fd(::dup(blk.disk().overlay_fd())));
     mmio2.restore(mmio_state);
     CHECK(blk2.save() == blk_state);
     CHECK(mmio2.save() == mmio_state);
@@ -606,5 +607,5 @@ TEST_CASE_FIXTURE(Rig, "save, restore, save is identical")
     TempDir small;
     std::ofstream(small.path + "/small.img", std::ios::binary) << std::string(512 * 8, '\0');
     VirtioBlk blk3(CowDisk(small.path + "/small.img", small.path), loop2);
-    CHECK_THROWS_AS(blk3.restore(blk_state), Error);
+    CHECK_THROWS_AS(blk3.restore(blk_state, Fd(::dup(blk.disk().overlay_fd()))), Error);
 }
