@@ -1,19 +1,18 @@
 #include "protocol/image_defaults.hpp"
 
+#include <algorithm>
 #include <charconv>
 
 namespace agentvm {
 namespace {
 
-// One decimal id at the front of `text`, consumed; nullopt for anything else (no sign, no
-// leading '+', no empty number) or for (uint32_t)-1.
-std::optional<uint32_t> take_id(std::string_view& text)
+// One id at the front of `text`, up to `end` or the end of the text, consumed.
+std::optional<uint32_t> take_id(std::string_view& text, char end)
 {
-    uint32_t id = 0;
-    const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), id);
-    if (error != std::errc() || end == text.data() || id == UINT32_MAX)
-        return std::nullopt;
-    text.remove_prefix(static_cast<size_t>(end - text.data()));
+    const size_t length = std::min(text.find(end), text.size());
+    const auto id = parse_image_id(text.substr(0, length));
+    if (id)
+        text.remove_prefix(length);
     return id;
 }
 
@@ -26,6 +25,15 @@ bool take(std::string_view& text, char c)
 }
 
 } // namespace
+
+std::optional<uint32_t> parse_image_id(std::string_view text)
+{
+    uint32_t id = 0;
+    const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), id);
+    if (text.empty() || error != std::errc() || end != text.data() + text.size() || id == UINT32_MAX)
+        return std::nullopt;
+    return id;
+}
 
 std::string format_image_user(const ImageUser& user)
 {
@@ -42,10 +50,10 @@ std::optional<ImageUser> parse_image_user(std::string_view text)
     if (!text.empty() && text.back() == '\n')
         text.remove_suffix(1);
     ImageUser user;
-    const auto uid = take_id(text);
+    const auto uid = take_id(text, ':');
     if (!uid || !take(text, ':'))
         return std::nullopt;
-    const auto gid = take_id(text);
+    const auto gid = take_id(text, ':');
     if (!gid)
         return std::nullopt;
     user.uid = *uid;
@@ -55,7 +63,7 @@ std::optional<ImageUser> parse_image_user(std::string_view text)
     if (!take(text, ':'))
         return std::nullopt;
     do {
-        const auto group = take_id(text);
+        const auto group = take_id(text, ',');
         if (!group || user.groups.size() == max_supplementary_groups)
             return std::nullopt;
         user.groups.push_back(*group);

@@ -37,6 +37,10 @@ struct ImageUser {
     bool operator==(const ImageUser&) const = default;
 };
 
+// A decimal uid or gid, the whole of `text`: no sign, below 2^32 - 1 ((uid_t)-1 means
+// "unchanged" to setresuid, so no one has it). nullopt otherwise.
+std::optional<uint32_t> parse_image_id(std::string_view text);
+
 // The user file's text (with its trailing newline).
 std::string format_image_user(const ImageUser& user);
 // nullopt unless `text` is exactly what format_image_user writes: decimal ids below 2^32 - 1

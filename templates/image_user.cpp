@@ -1,6 +1,5 @@
 #include "templates/image_user.hpp"
 
-#include <charconv>
 #include <optional>
 #include <vector>
 
@@ -21,16 +20,6 @@ std::vector<std::string_view> split(std::string_view text, char separator)
             return parts;
         text.remove_prefix(at + 1);
     }
-}
-
-// A decimal id; nullopt for anything else, and for (uint32_t)-1, which no one may be.
-std::optional<uint32_t> parse_id(std::string_view text)
-{
-    uint32_t id = 0;
-    const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), id);
-    if (text.empty() || error != std::errc() || end != text.data() + text.size() || id == UINT32_MAX)
-        return std::nullopt;
-    return id;
 }
 
 // The lines of a colon-separated database with at least `fields` fields; others are skipped,
@@ -58,8 +47,8 @@ struct PasswdEntry {
 std::optional<PasswdEntry> find_user(std::string_view passwd, std::string_view name, std::optional<uint32_t> uid)
 {
     for (const auto& fields : entries(passwd, 7)) {
-        const auto entry_uid = parse_id(fields[2]);
-        const auto entry_gid = parse_id(fields[3]);
+        const auto entry_uid = parse_image_id(fields[2]);
+        const auto entry_gid = parse_image_id(fields[3]);
         if (!entry_uid || !entry_gid)
             continue;
         if (uid ? *entry_uid == *uid : fields[0] == name)
@@ -80,7 +69,7 @@ ResolvedUser resolve_image_user(const std::string& spec, std::string_view passwd
         throw Error(fmt::format("User '{}': expected USER, UID, USER:GROUP or UID:GID", spec));
 
     ResolvedUser resolved;
-    const std::optional<uint32_t> uid = parse_id(user_part);
+    const std::optional<uint32_t> uid = parse_image_id(user_part);
     const std::optional<PasswdEntry> entry = find_user(passwd, user_part, uid);
     if (!uid && !entry)
         throw Error(fmt::format("User '{}': the image's /etc/passwd has no user '{}'", spec, user_part));
@@ -91,13 +80,13 @@ ResolvedUser resolve_image_user(const std::string& spec, std::string_view passwd
 
     const auto groups = entries(group, 4);
     if (group_part) {
-        if (const auto gid = parse_id(*group_part)) {
+        if (const auto gid = parse_image_id(*group_part)) {
             resolved.ids.gid = *gid;
             return resolved;
         }
         for (const auto& fields : groups) {
             if (fields[0] == *group_part) {
-                if (const auto gid = parse_id(fields[2])) {
+                if (const auto gid = parse_image_id(fields[2])) {
                     resolved.ids.gid = *gid;
                     return resolved;
                 }
@@ -108,7 +97,7 @@ ResolvedUser resolve_image_user(const std::string& spec, std::string_view passwd
     if (!entry)
         return resolved;
     for (const auto& fields : groups) {
-        const auto gid = parse_id(fields[2]);
+        const auto gid = parse_image_id(fields[2]);
         if (!gid || resolved.ids.groups.size() == max_supplementary_groups)
             continue;
         for (std::string_view member : split(fields[3], ','))
