@@ -335,6 +335,12 @@ std::optional<std::string> SerialDevice::panic_line() const
     return panic_line_;
 }
 
+std::string SerialDevice::panic_context() const
+{
+    std::lock_guard lock(mutex_);
+    return panic_context_;
+}
+
 uint64_t SerialDevice::input_dropped() const
 {
     std::lock_guard lock(mutex_);
@@ -378,8 +384,22 @@ void SerialDevice::end_line()
         ready_at_ = std::chrono::steady_clock::now();
         spdlog::debug("serial: guest is ready");
     }
-    if (!panic_line_ && line.find(panic_text) != std::string_view::npos)
-        panic_line_ = std::string(line);
+    if (!panic_line_) {
+        if (line.find(panic_text) != std::string_view::npos) {
+            panic_line_ = std::string(line);
+            for (const std::string& before : recent_lines_) {
+                panic_context_ += before;
+                panic_context_ += '\n';
+            }
+            if (!panic_context_.empty())
+                panic_context_.pop_back();
+            recent_lines_.clear();
+        } else {
+            if (recent_lines_.size() == panic_context_lines)
+                recent_lines_.pop_front();
+            recent_lines_.emplace_back(line.substr(0, panic_context_width));
+        }
+    }
     line_.clear();
 }
 

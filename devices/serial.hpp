@@ -135,6 +135,10 @@ public:
     static constexpr size_t output_capacity = 64 * 1024;
     // Console lines longer than this are cut for readiness/panic matching (not for output).
     static constexpr size_t max_line = 4096;
+    // The console lines kept to say why the kernel panicked (an oops with its registers and
+    // backtrace is ~50 lines), each cut at panic_context_width.
+    static constexpr size_t panic_context_lines = 64;
+    static constexpr size_t panic_context_width = 160;
 
     explicit SerialDevice(IrqLine irq);
     SerialDevice(const SerialDevice&) = delete;
@@ -161,6 +165,9 @@ public:
     std::optional<std::chrono::steady_clock::time_point> ready_at() const;
     // The first console line containing "Kernel panic - not syncing", if any.
     std::optional<std::string> panic_line() const;
+    // The console lines printed before that panic line (up to panic_context_lines, oldest
+    // first, joined by "\n"): the oops that led to it. Empty when there is no panic.
+    std::string panic_context() const;
     // Host input bytes dropped because the guest did not read them fast enough.
     uint64_t input_dropped() const;
 
@@ -186,6 +193,8 @@ private:
     std::string line_; // the current line, cut at max_line
     std::optional<std::chrono::steady_clock::time_point> ready_at_;
     std::optional<std::string> panic_line_;
+    std::deque<std::string> recent_lines_;  // until the panic: the last panic_context_lines
+    std::string panic_context_;
     std::deque<uint8_t> host_queue_;
     uint64_t input_dropped_ = 0;
     Serial serial_;

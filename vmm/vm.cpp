@@ -35,6 +35,15 @@
 namespace agentvm {
 namespace {
 
+// The panic line first (what a one-line error shows), then the oops that led to it: without
+// it a panic under load on a remote machine cannot be told apart from any other.
+std::string panic_detail(const std::string& panic_line, const std::string& context)
+{
+    if (context.empty())
+        return panic_line;
+    return panic_line + "\nthe guest console before it:\n" + context;
+}
+
 // KVM_SET_TSS_ADDR: three pages Intel VMX needs for real-mode emulation, placed just below
 // the IOAPIC/LAPIC window where no RAM or device lives.
 constexpr uint64_t tss_address = 0xfffbd000;
@@ -341,7 +350,7 @@ void Vm::vcpu_loop(Vcpu& vcpu)
                 break;
             case ExitAction::power_off:
                 if (auto panic = serial_->panic_line())
-                    stop(VmOutcome::panicked, *panic);
+                    stop(VmOutcome::panicked, panic_detail(*panic, serial_->panic_context()));
                 else
                     stop(VmOutcome::powered_off, outcome.why);
                 break;

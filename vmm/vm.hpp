@@ -36,7 +36,7 @@ class VsockHost;
 
 enum class VmOutcome {
     powered_off,  // the guest rebooted or powered off
-    panicked,     // the guest kernel panicked (detail: the panic line)
+    panicked,     // the guest kernel panicked (detail: the panic line, then the console before it)
     failed,       // a vCPU or device failed (detail: why)
     stopped,      // stop() was called, e.g. on SIGINT/SIGTERM
     finished,     // the host was done with the guest (agentvm run, episode): not an error

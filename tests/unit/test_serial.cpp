@@ -4,6 +4,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <csignal>
 #include <cstdint>
 #include <string>
@@ -335,6 +336,8 @@ TEST_CASE("serial device: console output is kept for the writer; panic and ready
     REQUIRE(dev.panic_line());
     CHECK(*dev.panic_line() ==
           "[    1.5] Kernel panic - not syncing: VFS: Unable to mount root fs");
+    CHECK(dev.panic_context() ==
+          "[    0.100000] booting\nagentvm-init: ready-ish\nagentvm-init: ready");
 
     guest_print(dev, "$ ");  // a prompt, no newline yet
     CHECK(levels.empty());   // IER was never enabled
@@ -346,6 +349,24 @@ TEST_CASE("serial device: console output is kept for the writer; panic and ready
     guest_print(dev, "next\n");
     CHECK(wakes == 2);  // taken, so the next line wakes the writer again
     CHECK(dev.output_dropped() == 0);
+}
+
+TEST_CASE("serial device: the lines before a panic are kept, bounded in number and width")
+{
+    SerialDevice dev([](bool) {});
+    CHECK(dev.panic_context().empty());
+    for (size_t i = 0; i < SerialDevice::panic_context_lines + 10; ++i)
+        guest_print(dev, "line " + std::to_string(i) + "\n");
+    guest_print(dev, "RIP: " + std::string(2 * SerialDevice::panic_context_width, 'r') + "\n");
+    guest_print(dev, "Kernel panic - not syncing: Fatal exception in interrupt\n");
+    guest_print(dev, "after\n");
+    const std::string context = dev.panic_context();
+    CHECK(context.find("line 10\n") == std::string::npos);  // the oldest fell out
+    CHECK(context.rfind("line 11\n", 0) == 0);
+    CHECK(context.ends_with("\nRIP: " + std::string(SerialDevice::panic_context_width - 5, 'r')));
+    CHECK(std::count(context.begin(), context.end(), '\n') ==
+          static_cast<long>(SerialDevice::panic_context_lines - 1));
+    CHECK(context.find("after") == std::string::npos);
 }
 
 TEST_CASE("serial device: without a writer, output is matched but not kept")
