@@ -82,8 +82,10 @@ int spawn_bake(const TemplateStore& store, const std::string& name, const Json& 
                                      std::string(spdlog::level::to_string_view(spdlog::get_level()).data()),
                                      "snapshot",
                                      "bake",
-                                     "--rootfs",
-                                     store.rootfs_of(name).string(),
+                                     "--template",
+                                     name,
+                                     "--template-store",
+                                     store.root().string(),
                                      "--out",
                                      store.snapshot_of(name).string(),
                                      "--cpus",
@@ -265,7 +267,8 @@ int run_inspect(const NamedOptions& options)
     if (!manifest)
         throw Error(fmt::format("no template '{}' in '{}'", options.name, store.root().string()));
     Json shown = *manifest;
-    shown["rootfs"] = store.rootfs_of(options.name).string();
+    shown["rootfs"] = store.base_image(manifest->value("base_key", "")).string();
+    shown["layer"]["file"] = store.layer_of(options.name).string();
     if (!shown["snapshot"].is_null())
         shown["snapshot"]["dir"] = store.snapshot_of(options.name).string();
     std::printf("%s\n", shown.dump(2).c_str());

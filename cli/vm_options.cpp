@@ -28,7 +28,8 @@ namespace agentvm {
 
 bool VmOptions::given(const char* flag) const
 {
-    return command_ && command_->count(flag) > 0;
+    // A flag this role does not have was not given.
+    return command_ && command_->get_option_no_throw(flag) != nullptr && command_->count(flag) > 0;
 }
 
 namespace {
@@ -147,9 +148,14 @@ void VmOptions::add_to(CLI::App& command)
         command.add_option("--template", template_,
                            "run template NAME (agentvm template build): its image, restored from its snapshot once "
                            "baked; 'default' is set-up's own guest");
+    }
+    if (role_ == VmRole::bake)
+        command.add_option("--template", template_,
+                           "boot template NAME's image (agentvm template build): its shared base and its own "
+                           "blocks over it (agentvm template bake runs this)");
+    if (role_ == VmRole::agent || role_ == VmRole::bake)
         command.add_option("--template-store", template_store_,
                            "where templates are (default: AGENTVM_TEMPLATES, else /var/lib/agentvm/templates)");
-    }
     command.add_flag("--no-jail", no_jail_,
                      "debugging only: run the VMM without its jail, seccomp filters and cgroup limits "
                      "(a hostile guest then meets fewer walls)");
@@ -194,6 +200,7 @@ VmConfig VmOptions::resolve()
                 throw Error(fmt::format("--template and {} contradict each other: a template has its own", flag));
         const ResolvedTemplate& resolved = resolved_template();
         config.rootfs_path = resolved.rootfs;
+        config.rootfs_layer = resolved.layer;
         if (!given("--cpus"))
             cpus_ = resolved.cpus;
         if (!given("--mem"))

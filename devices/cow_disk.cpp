@@ -332,4 +332,22 @@ void CowDisk::restore(const State& s, Fd layer)
     layer_file_ = std::move(layer);
 }
 
+void CowDisk::add_layer(Fd layer, std::span<const std::pair<uint64_t, uint64_t>> byte_ranges)
+{
+    State state{capacity_sectors_, std::vector<uint64_t>(written_.size(), 0)};
+    for (const auto& [offset, length] : byte_ranges) {
+        if (offset % sector_size != 0 || length % sector_size != 0)
+            throw Error(fmt::format("disk {}: layer range at byte {} of {} bytes is not whole sectors", name_, offset,
+                                    length));
+        const uint64_t first = offset / sector_size;
+        const uint64_t count = length / sector_size;
+        if (!in_range(first, count))
+            throw Error(fmt::format("disk {}: layer range at byte {} of {} bytes leaves the disk ({} bytes)", name_,
+                                    offset, length, capacity_sectors_ * sector_size));
+        for (uint64_t s = first; s < first + count; ++s)
+            state.written[s / 64] |= uint64_t{1} << (s % 64);
+    }
+    restore(state, std::move(layer));
+}
+
 } // namespace agentvm

@@ -9,7 +9,8 @@
 //
 // A VM restored from a snapshot reads the snapshot's disk file as a read-only layer between
 // the base and its overlay (restore()): every clone shares that file and its page cache, and
-// a restore copies nothing.
+// a restore copies nothing. A VM booted from a template reads the template's own blocks the
+// same way (add_layer()), over the base every template of that source shares.
 //
 // The planning (plan_read, mark_written) is pure; read/write submit through the EventLoop
 // and complete on its thread. Not thread-safe: the owning device serializes access. Must not
@@ -102,6 +103,11 @@ public:
     // of another size or its bitmap is malformed, or when the disk has been written or
     // restored before.
     void restore(const State& state, Fd layer);
+    // Makes `layer` (a file of this disk's size, only ever read) hold these byte ranges
+    // [offset, offset+length) under an empty overlay: a template's own blocks over its
+    // shared base. Throws Error when a range is not whole sectors or leaves the disk, or as
+    // restore() does.
+    void add_layer(Fd layer, std::span<const std::pair<uint64_t, uint64_t>> byte_ranges);
 
 private:
     void open_overlay(const std::string& overlay_dir);

@@ -14,7 +14,9 @@
 //  2. the template's image: a copy of the base (a reflink where the filesystem can) with our
 //     init and agent, the mount points init needs, --copy, and the image's Env/WorkingDir/User
 //     with --env, --workdir and --user over them (/etc/agentvm/env, workdir and user,
-//     protocol/image_defaults.hpp; the user resolved by templates/image_user.hpp).
+//     protocol/image_defaults.hpp; the user resolved by templates/image_user.hpp). The store
+//     keeps only the blocks this changed (templates/image_delta.hpp): the copy goes, and the
+//     template boots as its base plus that layer.
 // A template whose inputs are all unchanged is not rebuilt.
 #pragma once
 

@@ -75,6 +75,11 @@ std::optional<nlohmann::json> TemplateStore::read(const std::string& name) const
     if (text.size() > max_manifest_bytes)
         throw Error(fmt::format("'{}' is larger than {} bytes: not a template manifest", path.string(), max_manifest_bytes));
     nlohmann::json manifest = nlohmann::json::parse(text, nullptr, false);
+    if (manifest.is_object() && manifest.value("name", "") == name && manifest.contains("format") &&
+        manifest["format"].is_number_integer() && manifest["format"] != template_format)
+        throw Error(fmt::format("template '{}' was built by another agentvm (format {}, this one reads {}): build it "
+                                "again (agentvm template build {} ...)",
+                                name, manifest["format"].dump(), template_format, name));
     if (!manifest.is_object() || manifest.value("format", 0) != template_format || manifest.value("name", "") != name)
         throw Error(fmt::format("'{}' is not a template manifest of this agentvm (format {})", path.string(),
                                 template_format));

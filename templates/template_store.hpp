@@ -1,9 +1,11 @@
 // The template store: one directory per template under a root (default
 // /var/lib/agentvm/templates; AGENTVM_TEMPLATES or --store override it):
 //   NAME/template.json   what the template is (format below) and the keys of what was built
-//   NAME/rootfs.ext4     its root filesystem image (sparse)
+//   NAME/rootfs.layer    its root filesystem's own blocks over its base (sparse)
+//   NAME/rootfs.layer.ranges  which ranges of it those are (templates/image_delta.hpp)
 //   NAME/snapshot/       its baked snapshot (agentvm snapshot bake), once baked
-//   .bases/KEY.ext4      an unpacked source, reused by every template built from it
+//   .bases/KEY.ext4      an unpacked source, shared by every template built from it (never
+//                        written once made: templates boot from it)
 //   .debs/               debootstrap's downloads, for --packages templates
 //   .work/               builds in progress (removed when they end; a crashed one by the next)
 //   .lock                held by a build, so two never write the store at once
@@ -22,7 +24,7 @@
 namespace agentvm {
 
 inline constexpr char default_template_name[] = "default";
-inline constexpr int template_format = 1;
+inline constexpr int template_format = 2;
 
 // Now, as a manifest records when something was built or baked: 2026-12-02T10:07:31Z.
 std::string utc_timestamp();
@@ -39,7 +41,9 @@ public:
 
     const std::filesystem::path& root() const { return root_; }
     std::filesystem::path dir_of(const std::string& name) const { return root_ / name; }
-    std::filesystem::path rootfs_of(const std::string& name) const { return dir_of(name) / "rootfs.ext4"; }
+    std::filesystem::path layer_of(const std::string& name) const { return dir_of(name) / "rootfs.layer"; }
+    std::filesystem::path layer_ranges_of(const std::string& name) const { return dir_of(name) / "rootfs.layer.ranges"; }
+    std::filesystem::path base_image(const std::string& base_key) const { return bases() / (base_key + ".ext4"); }
     std::filesystem::path snapshot_of(const std::string& name) const { return dir_of(name) / "snapshot"; }
     std::filesystem::path manifest_of(const std::string& name) const { return dir_of(name) / "template.json"; }
     std::filesystem::path bases() const { return root_ / ".bases"; }

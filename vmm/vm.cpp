@@ -1,7 +1,9 @@
 #include "vmm/vm.hpp"
 
 #include <pthread.h>
+#include <fcntl.h>
 #include <sys/ioctl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <csignal>
@@ -74,7 +76,7 @@ void install_kick_handler()
 
 } // namespace
 
-Vm::Vm(const Kvm& kvm, const VmConfig& config, GuestMemory mem)
+Vm::Vm(const Kvm& kvm, const VmConfig& config, GuestMemory mem, bool restoring)
     : kvm_(kvm), config_(config), vm_(kvm.create_vm()), mem_(std::move(mem))
 {
     install_kick_handler();
@@ -87,11 +89,12 @@ Vm::Vm(const Kvm& kvm, const VmConfig& config, GuestMemory mem)
     create_irqchip();
     add_serial(config.console_fd);
     if (config.rootfs_path)
-        device_params_ = add_root_disk(*config.rootfs_path, config.overlay_dir, config.disk_bytes) + " ";
+        device_params_ = add_root_disk(config, restoring) + " ";
     device_params_ += add_vsock(config.vsock_uds);
 }
 
-Vm::Vm(const Kvm& kvm, const VmConfig& config) : Vm(kvm, config, GuestMemory(config.mem_mib * layout::mib))
+Vm::Vm(const Kvm& kvm, const VmConfig& config)
+    : Vm(kvm, config, GuestMemory(config.mem_mib * layout::mib), false)
 {
     const auto kernel_image = read_kernel_file(config.kernel_path);
     const uint64_t needed = minimum_ram_for(kernel_image);
@@ -109,7 +112,8 @@ Vm::Vm(const Kvm& kvm, const VmConfig& config) : Vm(kvm, config, GuestMemory(con
 
 Vm::Vm(const Kvm& kvm, const VmConfig& config, VmSnapshotData snapshot)
     : Vm(kvm, config, GuestMemory::from_snapshot(std::move(snapshot.memory), config.mem_mib * layout::mib,
-                                                 "snapshot memory"))
+                                                 "snapshot memory"),
+         true)
 {
     try {
         restore_state(snapshot.state, std::move(snapshot.disk));
@@ -160,9 +164,23 @@ void Vm::add_serial(int console_fd)
         console_ = std::make_unique<ConsoleWriter>(loop_, *serial_, console_fd);
 }
 
-std::string Vm::add_root_disk(const std::string& path, const std::string& overlay_dir, uint64_t disk_bytes)
+std::string Vm::add_root_disk(const VmConfig& config, bool restoring)
 {
-    blk_ = std::make_unique<VirtioBlk>(CowDisk(path, overlay_dir, disk_bytes), loop_, "agentvm-root");
+    CowDisk disk(*config.rootfs_path, config.overlay_dir, config.disk_bytes);
+    if (config.rootfs_layer && !restoring) {
+        const std::string& path = config.rootfs_layer->path;
+        Fd layer(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+        if (!layer)
+            throw_errno(fmt::format("opening the root disk's layer '{}'", path));
+        struct stat st {};
+        if (::fstat(layer.get(), &st) != 0)
+            throw_errno(fmt::format("stat '{}'", path));
+        if (static_cast<uint64_t>(st.st_size) != disk.capacity_sectors() * CowDisk::sector_size)
+            throw Error(fmt::format("the root disk's layer '{}' holds {} bytes, the disk {}", path, st.st_size,
+                                    disk.capacity_sectors() * CowDisk::sector_size));
+        disk.add_layer(std::move(layer), config.rootfs_layer->byte_ranges);
+    }
+    blk_ = std::make_unique<VirtioBlk>(std::move(disk), loop_, "agentvm-root");
     blk_slot_ = std::make_unique<VirtioSlot>(vm_.get(), mem_, loop_, mmio_, *blk_,
                                              layout::virtio_mmio_base, layout::first_virtio_irq);
     std::string params = blk_slot_->cmdline_param();

@@ -108,11 +108,13 @@ public:
 
 private:
     // What booting and restoring share: the VM, its memory and its devices, not yet the vCPUs.
-    Vm(const Kvm& kvm, const VmConfig& config, GuestMemory mem);
+    // restoring: the snapshot supplies the disk's written sectors, so config's rootfs layer
+    // is not opened.
+    Vm(const Kvm& kvm, const VmConfig& config, GuestMemory mem, bool restoring);
     void create_irqchip();
     void map_memory();
     void add_serial(int console_fd);
-    std::string add_root_disk(const std::string& path, const std::string& overlay_dir, uint64_t disk_bytes);
+    std::string add_root_disk(const VmConfig& config, bool restoring);
     std::string add_vsock(const std::optional<std::string>& uds_path);
     void create_vcpus(const LoadedKernel& kernel);
     void restore_state(const nlohmann::json& state, Fd disk);

@@ -4,15 +4,26 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "protocol/cmdline.hpp"
 #include "vmm/seccomp.hpp"
 
 namespace agentvm {
 
+// A read-only file of the root disk's size holding these byte ranges [offset, offset+length)
+// over the base image: a template's own blocks (templates/image_delta.hpp).
+struct DiskLayer {
+    std::string path;
+    std::vector<std::pair<uint64_t, uint64_t>> byte_ranges;
+};
+
 struct VmConfig {
     std::string kernel_path;
     std::optional<std::string> rootfs_path;  // none: no disk (tiny test guests)
+    // Read when booting. A restore ignores it: the snapshot's disk holds these blocks.
+    std::optional<DiskLayer> rootfs_layer;
     // The root disk's size in bytes; 0: the image's. Larger: the guest grows its filesystem at boot.
     uint64_t disk_bytes = 0;
     // At most this many processes and threads in the guest's tool calls at once.

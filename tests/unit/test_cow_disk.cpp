@@ -353,3 +353,39 @@ TEST_CASE_FIXTURE(Fixture, "a restored disk reads the snapshot's sectors from it
     CowDisk no_file(base_path, overlay_dir.path);
     CHECK_THROWS_WITH_AS(no_file.restore(state, Fd()), doctest::Contains("no file"), Error);
 }
+
+TEST_CASE_FIXTURE(Fixture, "a template's layer: its ranges read from the layer file, the rest from the base")
+{
+    EventLoop loop;
+    using Ranges = std::vector<std::pair<uint64_t, uint64_t>>;
+    // The layer file: sectors 4-5 and 99 (the last) are the template's own.
+    const std::string layer_path = dir.path + "/rootfs.layer";
+    std::vector<uint8_t> file(sectors * 512, 0);
+    std::fill(file.begin() + 4 * 512, file.begin() + 6 * 512, 0x4d);
+    std::fill(file.begin() + 99 * 512, file.end(), 0x99);
+    write_bytes(layer_path, file);
+    const auto layer = [&] { return Fd(::open(layer_path.c_str(), O_RDONLY | O_CLOEXEC)); };
+    const Ranges ranges{{4 * 512, 2 * 512}, {99 * 512, 512}};
+
+    CowDisk disk(base_path, overlay_dir.path);
+    disk.add_layer(layer(), ranges);
+    using E = CowDisk::Extent;
+    CHECK(disk.plan_read(3, 4) == std::vector<E>{{3, 1, CowDisk::Source::base}, {4, 2, CowDisk::Source::layer},
+                                                 {6, 1, CowDisk::Source::base}});
+    CHECK(disk.layer_byte_ranges() == ranges);
+    std::vector<uint8_t> r(512);
+    iovec rv{r.data(), r.size()};
+    REQUIRE(run(loop, [&](auto done) { disk.read(loop, 99, {&rv, 1}, done); }) == 512);
+    CHECK(r == std::vector<uint8_t>(512, 0x99));
+    REQUIRE(run(loop, [&](auto done) { disk.read(loop, 98, {&rv, 1}, done); }) == 512);
+    CHECK(r == base_sector(98));
+
+    // A range not of whole sectors, or past the disk's end, is refused naming it.
+    CowDisk partial(base_path, overlay_dir.path);
+    CHECK_THROWS_WITH_AS(partial.add_layer(layer(), Ranges{{512, 100}}), doctest::Contains("not whole sectors"), Error);
+    CowDisk beyond(base_path, overlay_dir.path);
+    CHECK_THROWS_WITH_AS(beyond.add_layer(layer(), Ranges{{99 * 512, 1024}}), doctest::Contains("leaves the disk"),
+                         Error);
+    // Once only, on a fresh disk.
+    CHECK_THROWS_WITH_AS(disk.add_layer(layer(), ranges), doctest::Contains("fresh disk"), Error);
+}

@@ -3,6 +3,7 @@
 // an image's tree that must stay inside it whatever symlinks the image holds.
 #include <doctest/doctest.h>
 
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -10,6 +11,7 @@
 #include <fstream>
 
 #include "common/error.hpp"
+#include "templates/image_delta.hpp"
 #include "templates/image_source.hpp"
 #include "templates/image_user.hpp"
 #include "templates/rooted_tree.hpp"
@@ -228,4 +230,100 @@ TEST_CASE("a tool's failure names the step and shows the end of what it said; a 
               .find("more than 1000 bytes") != std::string::npos);
     CHECK(error_of([] { require_tools({{"agentvm-no-such-tool", "some-package"}}); })
               .find("apt-get install some-package") != std::string::npos);
+}
+
+namespace {
+
+void write_at(const std::filesystem::path& path, uint64_t offset, const std::string& bytes)
+{
+    const int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
+    REQUIRE(fd >= 0);
+    REQUIRE(::pwrite(fd, bytes.data(), bytes.size(), static_cast<off_t>(offset)) == static_cast<ssize_t>(bytes.size()));
+    ::close(fd);
+}
+
+std::string read_at(const std::filesystem::path& path, uint64_t offset, size_t length)
+{
+    std::string bytes(length, '\0');
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    REQUIRE(fd >= 0);
+    REQUIRE(::pread(fd, bytes.data(), length, static_cast<off_t>(offset)) == static_cast<ssize_t>(length));
+    ::close(fd);
+    return bytes;
+}
+
+void sparse_file(const std::filesystem::path& path, uint64_t size)
+{
+    std::ofstream(path).close();
+    std::filesystem::resize_file(path, size);
+}
+
+} // namespace
+
+TEST_CASE("a template's layer holds exactly the blocks its build changed in the base")
+{
+    TempDir dir;
+    constexpr uint64_t mib = 1 << 20;
+    const auto base = dir.path / "base.ext4";
+    const auto image = dir.path / "image.ext4";
+    sparse_file(base, 8 * mib);
+    const std::string block_a(delta_block_bytes, 'a');
+    write_at(base, 0, block_a + block_a);               // blocks 0-1: data in both, block 1 changed
+    write_at(base, 3 * mib, block_a);                   // data only the base has: the image zeroes it
+    std::filesystem::copy_file(base, image);
+    write_at(image, delta_block_bytes + 7, "x");        // one byte of block 1
+    write_at(image, 3 * mib, std::string(delta_block_bytes, '\0'));
+    write_at(image, 5 * mib, block_a + block_a);        // data only the image has (a new file)
+    write_at(image, 5 * mib + 2 * delta_block_bytes, std::string(delta_block_bytes, '\0'));  // zeros over a hole: same
+    write_at(image, 8 * mib - delta_block_bytes, "end");  // the last block
+
+    const auto layer = dir.path / "rootfs.layer";
+    const ImageDelta delta = write_image_delta(base, image, layer);
+    using Ranges = std::vector<std::pair<uint64_t, uint64_t>>;
+    CHECK(delta.byte_ranges == Ranges{{delta_block_bytes, delta_block_bytes},
+                                      {3 * mib, delta_block_bytes},
+                                      {5 * mib, 2 * delta_block_bytes},
+                                      {8 * mib - delta_block_bytes, delta_block_bytes}});
+    CHECK(delta.bytes == 5 * delta_block_bytes);
+    CHECK(std::filesystem::file_size(layer) == 8 * mib);
+    for (const auto& [offset, length] : delta.byte_ranges)
+        CHECK(read_at(layer, offset, length) == read_at(image, offset, length));
+    struct stat st {};
+    REQUIRE(::stat(layer.c_str(), &st) == 0);
+    CHECK(static_cast<uint64_t>(st.st_blocks) * 512 <= 64 * delta_block_bytes);  // sparse: the ranges, not the disk
+
+    // The ranges round-trip through their file; a layer is never written over.
+    const auto ranges_file = dir.path / "rootfs.layer.ranges";
+    write_ranges_file(ranges_file, delta.byte_ranges);
+    CHECK(read_ranges_file(ranges_file, 8 * mib) == delta.byte_ranges);
+    CHECK_THROWS_AS(write_image_delta(base, image, layer), Error);
+
+    // Images of different sizes are not a base and its copy.
+    std::filesystem::resize_file(image, 4 * mib);
+    CHECK(error_of([&] { write_image_delta(base, image, dir.path / "other.layer"); }).find("differ in size") !=
+          std::string::npos);
+}
+
+TEST_CASE("a layer's ranges file that is not what a build wrote is refused, naming why")
+{
+    TempDir dir;
+    const auto path = dir.path / "rootfs.layer.ranges";
+    const auto refused = [&](const std::string& text, const std::string& why) {
+        std::ofstream(path) << text;
+        const std::string error = error_of([&] { read_ranges_file(path, 1 << 20); });
+        CHECK_MESSAGE(error.find(why) != std::string::npos, text, " -> ", error);
+    };
+    refused("{}", "not a list");
+    refused("[[0]]", "not [offset, length]");
+    refused("[[0, -512]]", "not [offset, length]");
+    refused("[[\"0\", 512]]", "not [offset, length]");
+    refused("[[100, 512]]", "not whole sectors");
+    refused("[[0, 0]]", "not whole sectors");
+    refused("[[4096, 512], [0, 512]]", "out of order");
+    refused("[[0, 512], [512, 512]]", "touches");
+    refused("[[1048064, 1024]]", "leaves the");
+    refused("[[18446744073709551104, 512]]", "leaves the");
+    refused(std::string(100000, ' '), "more than ranges");
+    std::ofstream(path) << "[[0, 512], [4096, 8192]]";
+    CHECK(read_ranges_file(path, 1 << 20) == std::vector<std::pair<uint64_t, uint64_t>>{{0, 512}, {4096, 8192}});
 }

@@ -76,10 +76,10 @@ def busybox_from_archives():
 
 
 def unchanged_rebuild_is_cached():
-    before = os.stat(os.path.join(STORE, "bb", "rootfs.ext4")).st_ino
+    before = os.stat(os.path.join(STORE, "bb", "rootfs.layer")).st_ino
     r = built("bb", "--from", f"oci-archive:{WORK}/bb.tar", "--env", "ADDED=by-flag")
     expect("image is current" in r.stderr, f"rebuilt: {r.stderr[-1000:]}")
-    expect(os.stat(os.path.join(STORE, "bb", "rootfs.ext4")).st_ino == before, "the image was replaced")
+    expect(os.stat(os.path.join(STORE, "bb", "rootfs.layer")).st_ino == before, "the image was replaced")
     r = built("bb", "--from", f"oci-archive:{WORK}/bb.tar", "--env", "ADDED=changed")
     expect("reusing the unpacked" in r.stderr, f"the base was unpacked again: {r.stderr[-1000:]}")
     r = built("bb", "--from", f"oci-archive:{WORK}/bb.tar", "--env", "ADDED=by-flag")
@@ -150,6 +150,28 @@ def swe_repository():
     m = manifest("swe")
     expect(m["source"] == "packages:git" and m["workdir"] == "/testbed", f"{m['source']} {m['workdir']}")
     return f"Debian with git, the repository at /testbed ({m['image_bytes'] >> 20} MiB on disk)"
+
+
+def allocated(path):
+    return os.stat(path).st_blocks * 512
+
+
+def templates_share_their_base():
+    """A second template of swe's packages stores only its own blocks: its layer, not a copy of the base."""
+    built("swe2", "--packages", "git", "--env", "SECOND=1")
+    one, two = manifest("swe"), manifest("swe2")
+    expect(one["base_key"] == two["base_key"], "the same packages unpacked to two bases")
+    base = os.path.join(STORE, ".bases", one["base_key"] + ".ext4")
+    for name in ("swe", "swe2"):
+        files = sorted(os.listdir(os.path.join(STORE, name)))
+        expect(files == ["rootfs.layer", "rootfs.layer.ranges", "template.json"], f"{name} holds {files}")
+    layers = [allocated(os.path.join(STORE, name, "rootfs.layer")) for name in ("swe", "swe2")]
+    expect(max(layers) * 8 < allocated(base), f"layers of {layers} bytes against a base of {allocated(base)}")
+    expect(two["layer"]["bytes"] <= layers[1], f"{two['layer']} against {layers[1]} bytes allocated")
+    r = agentvm("template", "rm", "swe2", "--store", STORE)
+    expect(r.returncode == 0 and os.path.exists(base), f"rm swe2 took the base swe still uses: {r.stderr}")
+    return (f"the base {allocated(base) >> 20} MiB, once; swe's own blocks {layers[0] >> 20} MiB, "
+            f"a second template's {layers[1] >> 20} MiB in {two['layer']['ranges']} ranges")
 
 
 def hostile_layers_contained():
@@ -268,7 +290,7 @@ def run_cases(cases, only):
 
 def host_phase(only):
     cases = [busybox_from_archives, unchanged_rebuild_is_cached, whiteout_layer, containerfile, swe_repository,
-             hostile_layers_contained, sparse_file_refused, too_big_for_its_disk, other_architecture, corrupt_archive, bad_input,
+             templates_share_their_base, hostile_layers_contained, sparse_file_refused, too_big_for_its_disk, other_architecture, corrupt_archive, bad_input,
              failing_run_step_template, list_and_rm]
     return run_cases(cases, only)
 

@@ -23,7 +23,7 @@ TEST_CASE("agentvm template builds from the user's images, contains hostile ones
                                   std::chrono::seconds(1200));
     INFO("host phase stdout: " << host.out << "\nstderr: " << host.err);
     for (const char* name : {"busybox_from_archives", "unchanged_rebuild_is_cached", "whiteout_layer", "containerfile",
-                             "swe_repository", "hostile_layers_contained", "sparse_file_refused",
+                             "swe_repository", "templates_share_their_base", "hostile_layers_contained", "sparse_file_refused",
                              "too_big_for_its_disk", "other_architecture", "corrupt_archive", "bad_input",
                              "failing_run_step_template", "list_and_rm"})
         CHECK_MESSAGE(host.out.find(std::string("ok ") + name + ":") != std::string::npos, name);
