@@ -39,7 +39,10 @@ bool is_signalled(int eventfd)
 
 } // namespace
 
-Connection::Connection(Fd socket) : socket_(std::move(socket)), outbox_(socket_.get(), [this] { cancel(); }) {}
+Connection::Connection(Fd socket, Sessions& sessions)
+    : socket_(std::move(socket)), outbox_(socket_.get(), [this] { cancel(); }), sessions_(sessions)
+{
+}
 
 Connection::~Connection()
 {
@@ -143,14 +146,14 @@ void Connection::handle_line(std::string&& line)
             });
         } else if (auto* shell = std::get_if<ShellRequest>(&request.op)) {
             start_turn(
-                shell_turns_, id,
-                [this, id, shell = std::move(*shell)](int cancel_fd) { return shell_.run(id, shell, outbox_, cancel_fd); },
+                sessions_.shell_turns, id,
+                [this, id, shell = std::move(*shell)](int cancel_fd) { return sessions_.shell.run(id, shell, outbox_, cancel_fd); },
                 [id] { return Shell::not_run(id); });
         } else if (auto* run = std::get_if<RunCodeRequest>(&request.op)) {
             start_turn(
-                interpreter_turns_, id,
+                sessions_.interpreter_turns, id,
                 [this, id, run = std::move(*run)](int cancel_fd) {
-                    return interpreter_.run(id, run, outbox_, cancel_fd);
+                    return sessions_.interpreter.run(id, run, outbox_, cancel_fd);
                 },
                 [id] { return Interpreter::not_run(id); });
         } else if (auto* write = std::get_if<WriteFileRequest>(&request.op)) {

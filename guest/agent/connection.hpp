@@ -1,8 +1,8 @@
 // One client connection: reads request lines, answers file calls and cancels in request
 // order on the reading thread (so appending write_file chunks land in order), and runs each
 // exec on a thread of its own so calls overlap. Shell and run_code calls also get threads,
-// but take turns in request order on the connection's one bash and one interpreter. Output
-// goes through the Outbox, a line at a time.
+// but take turns in request order on the agent's one bash and one interpreter (Sessions),
+// which outlive the connection. Output goes through the Outbox, a line at a time.
 #pragma once
 
 #include <condition_variable>
@@ -11,9 +11,8 @@
 #include <mutex>
 #include <string>
 
-#include "guest/agent/interpreter.hpp"
 #include "guest/agent/outbox.hpp"
-#include "guest/agent/shell.hpp"
+#include "guest/agent/sessions.hpp"
 #include "guest/agent/turns.hpp"
 #include "protocol/agent_protocol.hpp"
 #include "common/fd.hpp"
@@ -22,7 +21,8 @@ namespace agentvm {
 
 class Connection {
 public:
-    explicit Connection(Fd socket);
+    // sessions: the agent's, shared by every connection and outliving each.
+    Connection(Fd socket, Sessions& sessions);
     ~Connection();
     Connection(const Connection&) = delete;
     Connection& operator=(const Connection&) = delete;
@@ -60,10 +60,7 @@ private:
     std::mutex cancels_mutex_;
     CallCancels call_cancels_;
     bool abandoned_ = false;  // cancel() ran: every call, also one starting now, is cancelled
-    Shell shell_;
-    Turns shell_turns_;
-    Interpreter interpreter_;
-    Turns interpreter_turns_;
+    Sessions& sessions_;
 };
 
 } // namespace agentvm

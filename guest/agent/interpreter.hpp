@@ -1,4 +1,4 @@
-// The run_code call: one persistent python3 per connection, driven by
+// The run_code call: one persistent python3 per agent (per sandbox), driven by
 // interpreter_driver.py, so variables, imports and open files carry over from cell to cell as
 // in a notebook kernel. Cells take turns, like shell calls.
 //
@@ -29,6 +29,9 @@ public:
     // The response of a cell cancelled before its turn: it never ran, the interpreter is
     // untouched.
     static Json not_run(const Json& id);
+
+    // From any thread, as the agent exits (SessionProcess::kill_on_exit).
+    void kill_on_exit() const { python_.kill_on_exit(); }
 
 private:
     SessionProcess python_{"interp"};

@@ -1,8 +1,9 @@
 // agentvm-agent: runs tool calls inside an agentvm guest for the host, which reaches it
 // over virtio-vsock (docs/protocol.md). One thread per connection, plus one per running
-// exec call; a call's failure is answered as an error and never ends the connection or
-// the agent.
+// call; a call's failure is answered as an error and never ends the connection or the
+// agent. The shell and the interpreter are the agent's, shared by its connections.
 #include <fcntl.h>
+#include <pthread.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -11,6 +12,7 @@
 #include <chrono>
 #include <cstdio>
 #include <exception>
+#include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -38,14 +40,36 @@ void ensure_standard_fds()
             throw_errno("open /dev/null");
 }
 
-void serve_connection(Fd socket)
+void serve_connection(Fd socket, Sessions& sessions)
 {
     try {
-        Connection connection(std::move(socket));
+        Connection connection(std::move(socket), sessions);
         connection.serve();
     } catch (const std::exception& e) {
         std::fprintf(stderr, "agentvm-agent: connection: %s\n", e.what());
     }
+}
+
+// The sessions outlive connections, so a SIGTERM (init's shutdown, a test's agent ending)
+// must take them along: a thread of its own waits for it, kills them and ends the agent by
+// the same signal. Called before any other thread starts, so every thread inherits the mask.
+void end_sessions_with_agent(const Sessions& sessions)
+{
+    sigset_t ending;
+    sigemptyset(&ending);
+    for (int sig : {SIGTERM, SIGINT, SIGHUP})
+        sigaddset(&ending, sig);
+    if (::pthread_sigmask(SIG_BLOCK, &ending, nullptr) != 0)
+        throw_errno("blocking SIGTERM");
+    std::thread([ending, &sessions] {
+        int sig = 0;
+        while (::sigwait(&ending, &sig) != 0) {
+        }
+        sessions.kill_on_exit();
+        ::signal(sig, SIG_DFL);
+        ::pthread_sigmask(SIG_UNBLOCK, &ending, nullptr);
+        ::raise(sig);
+    }).detach();
 }
 
 int run(int argc, char** argv)
@@ -80,6 +104,10 @@ int run(int argc, char** argv)
     Fd listener = listen_on(address);
     std::fprintf(stderr, "agentvm-agent: listening on %s\n", spec.c_str());
 
+    // Every connection's shell and run_code calls share these; the loop below never ends, so
+    // they outlive every connection thread.
+    Sessions sessions;
+    end_sessions_with_agent(sessions);
     for (;;) {
         Fd socket(::accept4(listener.get(), nullptr, nullptr, SOCK_CLOEXEC));
         if (!socket) {
@@ -90,7 +118,7 @@ int run(int argc, char** argv)
             continue;
         }
         try {
-            std::thread(serve_connection, std::move(socket)).detach();
+            std::thread(serve_connection, std::move(socket), std::ref(sessions)).detach();
         } catch (const std::system_error& e) {
             std::fprintf(stderr, "agentvm-agent: thread: %s\n", e.what());
         }

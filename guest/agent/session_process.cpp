@@ -106,6 +106,7 @@ void SessionProcess::start(std::vector<std::string> argv)
             pid_ = -1;
             throw_child_failure(plan, failure);
         }
+        group_ = pid_;
         pidfd_ = Fd(static_cast<int>(::syscall(SYS_pidfd_open, pid_, 0)));
         if (!pidfd_)
             fail(kind_, "pidfd_open");
@@ -115,8 +116,15 @@ void SessionProcess::start(std::vector<std::string> argv)
     }
 }
 
+void SessionProcess::kill_on_exit() const
+{
+    if (const pid_t group = group_; group > 0)
+        ::kill(-group, SIGKILL);
+}
+
 void SessionProcess::stop()
 {
+    group_ = -1;
     if (pid_ > 0) {
         ::kill(-pid_, SIGKILL);
         while (::waitpid(pid_, nullptr, 0) < 0 && errno == EINTR) {
@@ -147,6 +155,7 @@ void SessionProcess::stop()
 
 void SessionProcess::reaped()
 {
+    group_ = -1;
     pid_ = -1;
     stop();
 }

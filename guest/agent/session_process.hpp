@@ -1,15 +1,16 @@
-// The long-lived child behind a connection's shell (bash) and interpreter (python3): it
+// The long-lived child behind the agent's shell (bash) and interpreter (python3): it
 // reads one command at a time from a pipe on its stdin and reports each one's end as a line
 // on a status FIFO, so the agent learns that a command finished without the child exiting.
 // Each command's output goes to FIFOs made for it in the session's directory (under $TMPDIR),
 // collected like an exec call's.
 //
-// The child runs in a process group and a cgroup of its own: a timeout, a cancel or the end
-// of the connection kills both, and the next call starts a fresh child, its state lost.
+// The child runs in a process group and a cgroup of its own: a timeout or a cancel kills both,
+// and the next call starts a fresh child, its state lost.
 #pragma once
 
 #include <sys/types.h>
 
+#include <atomic>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -40,6 +41,9 @@ public:
     void stop();
     // The child was reaped by the caller (its exit ended a call): forget it, then stop().
     void reaped();
+    // From any thread, as the agent exits: kills the child's process group, without waiting
+    // or touching anything else, so no session outlives the agent.
+    void kill_on_exit() const;
 
     // Writes a command to the child's stdin. Throws CallError(spawn_failed) when the child
     // does not take it (it is stopped then).
@@ -72,6 +76,7 @@ private:
 
     const char* kind_;
     pid_t pid_ = -1;
+    std::atomic<pid_t> group_{-1};  // pid_ for kill_on_exit(), which other threads call
     Fd pidfd_;
     Fd control_;  // the child's stdin
     Fd status_;   // read end of the status FIFO

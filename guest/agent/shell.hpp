@@ -1,4 +1,4 @@
-// The shell call: one persistent bash per connection, so cd, exports, functions and
+// The shell call: one persistent bash per agent (per sandbox), so cd, exports, functions and
 // background jobs carry over from call to call, as in a terminal. An image without bash in
 // PATH gets `sh` instead (the lines below are POSIX), and each response then says "shell":"sh".
 //
@@ -9,7 +9,7 @@
 // exiting. eval keeps a syntax error from wedging the shell; closing fd 3 for the command
 // keeps background jobs from holding the status channel.
 //
-// A timeout or a cancelled connection kills the shell's whole process group (no job
+// A timeout, a cancel or a connection lost mid-call kills the shell's whole process group (no job
 // control, so that is bash and everything it started); so does `exit`, by ending bash. The
 // next call then starts a fresh shell, its state lost.
 #pragma once
@@ -28,6 +28,9 @@ public:
     Json run(const Json& id, const ShellRequest& request, Outbox& outbox, int cancel_fd);
     // The response of a call cancelled before its turn: it never ran, the shell is untouched.
     static Json not_run(const Json& id);
+
+    // From any thread, as the agent exits (SessionProcess::kill_on_exit).
+    void kill_on_exit() const { bash_.kill_on_exit(); }
 
 private:
     void start();

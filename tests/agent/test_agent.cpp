@@ -474,10 +474,19 @@ TEST_CASE("shell: background jobs survive the call; timeout and exit restart the
         }
         for (int i = 0; i < 5; ++i)
             CHECK(outputs[i] == std::to_string(i + 1) + "\n");
-        shell("rm -f order.txt; sleep " + marker + " &");
+        shell("rm -f order.txt; cd /tmp && export KEPT=across; sleep " + marker + " &");
         CHECK(appears(marker));
     }
-    // Closing the connection ends its shell and the shell's jobs.
-    CHECK(gone(marker));
+    // The shell is the agent's, not the connection's: closing the connection leaves it and its
+    // jobs running, and the next connection finds its cwd and variables (as the host's does
+    // after a restore resets the vsock transport).
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    CHECK_FALSE(gone(marker));
+    {
+        Client client(agent);
+        Json back = client.call({{"id", 1}, {"op", "shell"}, {"cmd", "pwd; echo $KEPT; jobs | wc -l; kill %1"}});
+        CHECK(bytes_of(back, "stdout") == "/tmp\nacross\n1\n");
+        CHECK(gone(marker));
+    }
     CHECK(agent.alive());
 }

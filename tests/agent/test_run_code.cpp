@@ -195,7 +195,7 @@ TEST_CASE("run_code: a cell that forges the driver's status line loses the inter
     CHECK(agent.alive());
 }
 
-TEST_CASE("run_code: cells take turns, beside exec calls; closing the connection ends the interpreter")
+TEST_CASE("run_code: cells take turns, beside exec calls; the interpreter outlives the connection")
 {
     Agent agent;
     const std::string marker = "3000." + std::to_string(::getpid()) + "1";
@@ -220,6 +220,15 @@ TEST_CASE("run_code: cells take turns, beside exec calls; closing the connection
         cells.run("import subprocess\nchild = subprocess.Popen(['sleep', '" + marker + "'])");
         CHECK(appears(marker));
     }
-    CHECK(gone(marker));
+    // A new connection finds the same interpreter: its variables, its child still running.
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    CHECK_FALSE(gone(marker));
+    {
+        Client client(agent);
+        Cells cells{client, 20};
+        CHECK(cells.run("order, child.poll()")["result"] == "([1, 2], None)");
+        cells.run("child.kill(); child.wait()");
+        CHECK(gone(marker));
+    }
     CHECK(agent.alive());
 }
