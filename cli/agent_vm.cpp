@@ -65,6 +65,7 @@ AgentVm::AgentVm(VmOptions& options, std::chrono::milliseconds boot_timeout)
             loaded->config.console_fd = console_fd;
             vm_.emplace(*kvm_, loaded->config, std::move(loaded->data));
             restored_ = true;
+            origin_ = std::move(loaded->origin);
         } else {
             config.console_fd = console_fd;
             options.wait_for_cgroup();  // booting writes the kernel into guest memory

@@ -11,6 +11,7 @@
 #include "cli/stop_signals.hpp"
 #include "cli/vm_options.hpp"
 #include "vmm/kvm.hpp"
+#include "vmm/snapshot.hpp"
 #include "vmm/vm.hpp"
 
 namespace agentvm {
@@ -44,6 +45,8 @@ public:
     int stop_signal() const { return signals_.received(); }
     // Whether the VM was restored from a snapshot rather than booted.
     bool restored() const { return restored_; }
+    // The snapshot it was restored from, for its live snapshots; none when it booted.
+    const std::optional<SnapshotOrigin>& origin() const { return origin_; }
     // Whether the episode's time limit (--episode-timeout) is what ended run().
     bool time_ran_out() const { return time_ran_out_; }
 
@@ -58,6 +61,7 @@ private:
     std::chrono::milliseconds boot_timeout_;
     std::chrono::steady_clock::time_point started_;
     bool restored_ = false;
+    std::optional<SnapshotOrigin> origin_;
     bool time_ran_out_ = false;
 };
 

@@ -4,6 +4,7 @@
 
 #include <unistd.h>
 
+#include <filesystem>
 #include <memory>
 #include <optional>
 
@@ -12,6 +13,7 @@
 
 #include "cli/agent_vm.hpp"
 #include "cli/episode_relay.hpp"
+#include "cli/live_snapshot.hpp"
 #include "cli/exit_codes.hpp"
 #include "cli/seconds_option.hpp"
 #include "cli/supervised.hpp"
@@ -26,6 +28,7 @@ struct EpisodeOptions {
     double boot_timeout_s = 60;
     double call_timeout_s = EpisodeRelay::default_call_timeout_s;
     bool announce_ready = false;
+    std::string snapshot_dir;  // where "snapshot" calls write (--snapshot-dir); empty: refused
 };
 
 // The error every unanswered call gets, from how the VM and the relay ended.
@@ -69,7 +72,15 @@ std::optional<Failure> failure_of(const VmResult& result, bool time_ran_out,
 
 int run_episode(EpisodeOptions& options)
 {
+    if (!options.snapshot_dir.empty()) {
+        // By its absolute name: the jailed VMM resolves names from another working directory.
+        options.snapshot_dir = std::filesystem::absolute(options.snapshot_dir).lexically_normal().string();
+        options.vm.allow_live_snapshots(options.snapshot_dir);
+    }
     AgentVm agent_vm(options.vm, seconds_to_ms(options.boot_timeout_s));
+    std::optional<SnapshotWriter> snapshots;
+    if (!options.snapshot_dir.empty())
+        snapshots.emplace(agent_vm.kvm(), agent_vm.vm().config(), agent_vm.origin());
     std::optional<EpisodeRelay::End> relay_end;
     std::string relay_why;
     EpisodeRelay relay(agent_vm.vm().event_loop(), STDIN_FILENO, STDOUT_FILENO,
@@ -84,6 +95,10 @@ int run_episode(EpisodeOptions& options)
                                agent_vm.fail(why);
                        },
                        EpisodeRelay::watchdog_grace, options.call_timeout_s);
+    if (snapshots)
+        relay.on_snapshot([&](const std::string& name, std::function<void(Json)> answer) {
+            take_live_snapshot(agent_vm.vm(), *snapshots, options.snapshot_dir + "/" + name, std::move(answer));
+        });
     const auto on_connected = [&](Fd agent) {
         relay.start(std::move(agent),
                     options.announce_ready ? to_line(Json{{"event", "ready"}, {"restored", agent_vm.restored()}})
@@ -126,6 +141,10 @@ Subcommand add_episode_command(CLI::App& app)
                         "whole process group is killed")
         ->capture_default_str()
         ->check(seconds_option(false, max_call_timeout_s));
+    episode->add_option("--snapshot-dir", options->snapshot_dir,
+                        "a directory where {\"op\":\"snapshot\",\"name\":NAME} calls write live snapshots of the "
+                        "running VM (DIR/NAME), which `agentvm episode --snapshot DIR/NAME` continues from")
+        ->check(CLI::ExistingDirectory);
     episode->add_flag("--announce-ready", options->announce_ready,
                       "once the guest agent answers, write {\"event\":\"ready\",\"restored\":BOOL} as the "
                       "first line on stdout (for a pool that keeps episodes ready)");

@@ -90,6 +90,7 @@ void EpisodeRelay::on_request(std::string&& line)
     std::string id;
     std::optional<CallLimits> limits;
     bool is_close = false;
+    std::optional<std::string> snapshot_name;
     {
         // Scoped: the parsed request (its data decoded) is gone before the line is queued.
         Request request;
@@ -108,14 +109,20 @@ void EpisodeRelay::on_request(std::string&& line)
         }
         limits = limits_of(request);
         is_close = std::holds_alternative<CloseRequest>(request.op);
+        if (const auto* snapshot = std::get_if<SnapshotRequest>(&request.op))
+            snapshot_name = snapshot->name;
     }
     if (id.size() > max_id_bytes) {
         reply_error(id, "bad_field", fmt::format("\"id\" is limited to {} bytes in an episode", max_id_bytes));
         return;
     }
-    if (pending_.contains(id)) {
+    if (pending_.contains(id) || host_pending_.contains(id)) {
         reply_error(id, "bad_field",
                     fmt::format("\"id\" {} is already used by a call that has not answered yet", id));
+        return;
+    }
+    if (snapshot_name) {
+        start_snapshot(id, *snapshot_name);
         return;
     }
     Pending pending{id, requests_++, std::nullopt};
@@ -161,6 +168,26 @@ void EpisodeRelay::on_request(std::string&& line)
     }
 }
 
+void EpisodeRelay::start_snapshot(const std::string& id, const std::string& name)
+{
+    if (!snapshot_handler_) {
+        reply_error(id, "unavailable",
+                    "this episode takes no snapshots: start agentvm episode with --snapshot-dir DIR");
+        return;
+    }
+    host_pending_.emplace(id, Pending{id, requests_++, std::nullopt});
+    snapshot_handler_(name, [this, id](Json answer) {
+        if (!host_pending_.erase(id) || ended_)
+            return;  // fail_pending() has answered it
+        Json line = Json::object();
+        line["id"] = Json::parse(id);
+        line.update(answer);
+        emit(to_line(line));
+        if (agent_done_ && host_pending_.empty())
+            end(End::finished, "");
+    });
+}
+
 void EpisodeRelay::on_input_end(int err)
 {
     if (err != 0)
@@ -203,7 +230,10 @@ void EpisodeRelay::on_agent_end(int err)
     if (ended_)
         return;
     if (err == 0 && pending_.empty() && input_done_) {
-        end(End::finished, "");
+        if (host_pending_.empty())
+            end(End::finished, "");
+        else
+            agent_done_ = true;
         return;
     }
     end(End::agent_lost,
@@ -288,11 +318,14 @@ size_t EpisodeRelay::fail_pending(const std::string& code, const std::string& me
     std::vector<const Pending*> calls;
     for (const auto& [id, call] : pending_)
         calls.push_back(&call);
+    for (const auto& [id, call] : host_pending_)
+        calls.push_back(&call);
     std::sort(calls.begin(), calls.end(), [](auto* a, auto* b) { return a->order < b->order; });
     for (const Pending* call : calls)
         emit(to_line(error_response(Json::parse(call->id_json), code, message)));
     const size_t count = calls.size();
     pending_.clear();
+    host_pending_.clear();
     return count;
 }
 

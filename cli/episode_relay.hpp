@@ -6,6 +6,10 @@
 // Requests are held whole (they are capped at max_line_bytes); responses are passed on as
 // they arrive (ResponseStream), so their size costs the relay no memory.
 //
+// The one host-side op, "snapshot", is answered here through a handler the episode sets
+// (on_snapshot); such a call waits among the others, and keeps the episode from finishing
+// until it is answered.
+//
 // Runs on the VM's event loop thread.
 #pragma once
 
@@ -21,6 +25,7 @@
 #include "cli/response_stream.hpp"
 #include "common/fd.hpp"
 #include "core/loop_timer.hpp"
+#include "protocol/agent_protocol.hpp"
 
 namespace agentvm {
 
@@ -34,6 +39,9 @@ public:
         output_failed,   // stdout went away
     };
     using Ended = std::function<void(End, const std::string& why)>;
+    // Takes a live snapshot named `name` and calls `answer` with the response's fields (a
+    // result, or an "error" object), on the loop's thread, exactly once.
+    using SnapshotHandler = std::function<void(const std::string& name, std::function<void(Json answer)> answer)>;
 
     // How long past a call's own timeout the agent gets to answer before the VM is deemed
     // wedged: the agent kills at the timeout and answers within half a second after. Every
@@ -65,6 +73,8 @@ public:
     // The agent is reachable: start reading requests. A non-empty `announcement` (a whole
     // line) goes to the output first.
     void start(Fd agent, std::string announcement = {});
+    // The episode takes live snapshots; without a handler the op is refused.
+    void on_snapshot(SnapshotHandler handler) { snapshot_handler_ = std::move(handler); }
     // After stop_output(): an error response for every call still waiting, queued for
     // flush_output(). Returns how many there were.
     size_t fail_pending(const std::string& code, const std::string& message);
@@ -87,6 +97,7 @@ private:
     };
 
     void on_request(std::string&& line);
+    void start_snapshot(const std::string& id, const std::string& name);
     void on_response(const ResponseSummary& summary);
     void on_input_end(int err);
     void on_agent_end(int err);
@@ -109,6 +120,9 @@ private:
     std::chrono::milliseconds grace_;
     std::optional<double> call_timeout_s_;
     std::map<std::string, Pending> pending_;  // by id as compact JSON
+    std::map<std::string, Pending> host_pending_;  // the host's own calls (snapshot), as pending_
+    SnapshotHandler snapshot_handler_;
+    bool agent_done_ = false;  // the agent closed after every call, while a host call was pending
     uint64_t requests_ = 0;
     bool input_done_ = false;  // stdin ended, or a close call was sent
     bool ended_ = false;

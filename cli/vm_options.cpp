@@ -187,7 +187,9 @@ VmConfig VmOptions::resolve()
 {
     VmConfig config;
     config.jail = !no_jail_;
-    config.run_thread_filter = role_ == VmRole::bake ? SeccompRole::io_loop_snapshot : SeccompRole::io_loop;
+    config.live_snapshots = live_snapshots_;
+    config.run_thread_filter =
+        role_ == VmRole::bake || live_snapshots_ ? SeccompRole::io_loop_snapshot : SeccompRole::io_loop;
     if (no_jail_)
         spdlog::warn("--no-jail: the VMM runs without its jail, seccomp filters and cgroup limits; use it only to debug");
     config.kernel_path = kernel_.empty() ? default_guest_file("vmlinux") : kernel_;

@@ -69,6 +69,13 @@ public:
         if (cgroup_)
             cgroup_->wait_joined();
     }
+    // agent role (episode --snapshot-dir): the VM may take live snapshots into `dir`, which
+    // stays writable in the jail.
+    void allow_live_snapshots(std::string dir)
+    {
+        live_snapshots_ = true;
+        keep_writable_dir(std::move(dir));
+    }
     // A directory the VMM must still write in by name after it is jailed (a snapshot's).
     void keep_writable_dir(std::string dir) { kept_dirs_.push_back({std::move(dir), true}); }
     JailSpec jail_spec(const VmConfig& config) const;
@@ -96,6 +103,7 @@ private:
     mutable std::optional<ResolvedTemplate> resolved_template_;
     bool cold_ = false;
     bool no_jail_ = false;
+    bool live_snapshots_ = false;
     double cpu_quota_ = -1;         // unset: one core per vCPU
     unsigned cpu_weight_ = 0;       // unset: the cgroup's default
     int64_t vmm_mem_mib_ = -1;      // unset: guest memory + vmm_overhead_mib

@@ -56,16 +56,115 @@ GuestMemory::GuestMemory(uint64_t ram_bytes) : GuestMemory(new_ram_memfd(ram_byt
 {
 }
 
-GuestMemory GuestMemory::from_snapshot(Fd file, uint64_t ram_bytes, const std::string& name)
+namespace {
+
+void check_memory_file(int fd, uint64_t ram_bytes, const std::string& name)
 {
     struct stat st {};
-    if (::fstat(file.get(), &st) != 0)
+    if (::fstat(fd, &st) != 0)
         throw_errno(fmt::format("snapshot memory '{}'", name));
     if (!S_ISREG(st.st_mode) || static_cast<uint64_t>(st.st_size) != ram_bytes || ram_bytes % page_size != 0)
         throw Error(fmt::format("snapshot memory '{}' is {} bytes, not the {} bytes of guest RAM the "
                                 "snapshot records: truncated or from another snapshot",
                                 name, st.st_size, ram_bytes));
-    return GuestMemory(std::move(file), ram_bytes, MAP_PRIVATE);
+}
+
+// A pagemap entry (Documentation/admin-guide/mm/pagemap.rst): present, swapped, and "file
+// page or shared anonymous". In a MAP_PRIVATE file mapping a present page that is not a
+// file page, or a swapped one, is the process's own copy.
+constexpr uint64_t pagemap_present = uint64_t{1} << 63;
+constexpr uint64_t pagemap_swapped = uint64_t{1} << 62;
+constexpr uint64_t pagemap_file = uint64_t{1} << 61;
+
+bool is_private_copy(uint64_t entry)
+{
+    return (entry & pagemap_swapped) || ((entry & pagemap_present) && !(entry & pagemap_file));
+}
+
+} // namespace
+
+GuestMemory GuestMemory::from_snapshot(Fd file, uint64_t ram_bytes, const std::string& name,
+                                       std::vector<MemoryLayer> layers)
+{
+    check_memory_file(file.get(), ram_bytes, name);
+    for (size_t i = 0; i < layers.size(); ++i)
+        check_memory_file(layers[i].file.get(), ram_bytes, fmt::format("{} (layer {})", name, i + 1));
+    GuestMemory mem(std::move(file), ram_bytes, MAP_PRIVATE);
+    for (size_t i = 0; i < layers.size(); ++i) {
+        mem.map_layer(layers[i], fmt::format("{} (layer {})", name, i + 1));
+        mem.layer_files_.push_back(std::move(layers[i].file));
+    }
+    return mem;
+}
+
+void GuestMemory::map_layer(const MemoryLayer& layer, const std::string& name)
+{
+    const uint64_t pages = ram_size_ / page_size;
+    for (const IndexRun& run : layer.pages) {
+        if (run.count == 0 || run.first > pages || run.count > pages - run.first)
+            throw Error(fmt::format("snapshot memory '{}': pages [{}, +{}) are outside the {} pages of guest RAM", name,
+                                    run.first, run.count, pages));
+        // Over the pages below, at the same place: KVM's memslots name addresses, not mappings.
+        void* at = ::mmap(mapping_ + run.first * page_size, run.count * page_size, PROT_READ | PROT_WRITE,
+                          MAP_PRIVATE | MAP_FIXED | MAP_NORESERVE, layer.file.get(),
+                          static_cast<off_t>(run.first * page_size));
+        if (at == MAP_FAILED)
+            throw_errno(fmt::format("mapping pages [{}, +{}) of snapshot memory '{}'", run.first, run.count, name));
+    }
+}
+
+std::vector<IndexRun> GuestMemory::private_pages(int pagemap_fd) const
+{
+    if (!private_copy_)
+        throw Error("guest RAM is not mapped from a snapshot: it has no pages of its own to tell apart");
+    std::vector<IndexRun> runs;
+    const uint64_t pages = ram_size_ / page_size;
+    constexpr uint64_t chunk = 4096;  // entries per read: 32 KiB
+    std::vector<uint64_t> entries(chunk);
+    const uint64_t first_entry = reinterpret_cast<uintptr_t>(mapping_) / page_size;
+    for (uint64_t page = 0; page < pages; page += chunk) {
+        const uint64_t count = std::min(chunk, pages - page);
+        const size_t bytes = count * sizeof(uint64_t);
+        const ssize_t n = ::pread(pagemap_fd, entries.data(), bytes, static_cast<off_t>((first_entry + page) * 8));
+        if (n != static_cast<ssize_t>(bytes))
+            throw_errno("reading /proc/self/pagemap for guest RAM", n < 0 ? errno : EIO);
+        for (uint64_t i = 0; i < count; ++i) {
+            if (!is_private_copy(entries[i]))
+                continue;
+            if (!runs.empty() && runs.back().first + runs.back().count == page + i)
+                ++runs.back().count;
+            else
+                runs.push_back({page + i, 1});
+        }
+    }
+    return runs;
+}
+
+uint64_t GuestMemory::save_pages_to(int out_fd, std::span<const IndexRun> runs) const
+{
+    const uint64_t pages = ram_size_ / page_size;
+    uint64_t written = 0;
+    for (const IndexRun& run : runs) {
+        if (run.first > pages || run.count > pages - run.first)
+            throw Error(fmt::format("pages [{}, +{}) are outside the {} pages of guest RAM", run.first, run.count, pages));
+        uint64_t page = run.first * page_size;
+        const uint64_t end = (run.first + run.count) * page_size;
+        while (page < end) {
+            while (page < end && all_zero(mapping_ + page))
+                page += page_size;
+            uint64_t data_end = page;
+            while (data_end < end && !all_zero(mapping_ + data_end))
+                data_end += page_size;
+            if (data_end > page) {
+                write_all_at(out_fd, mapping_ + page, data_end - page, page);
+                written += data_end - page;
+            }
+            page = data_end;
+        }
+    }
+    if (::ftruncate(out_fd, static_cast<off_t>(ram_size_)) != 0)
+        throw_errno("sizing the snapshot memory file");
+    return written;
 }
 
 GuestMemory::GuestMemory(Fd backing, uint64_t ram_bytes, int map_flags)
@@ -143,6 +242,7 @@ uint64_t GuestMemory::save_to(int out_fd) const
 
 GuestMemory::GuestMemory(GuestMemory&& other) noexcept
     : memfd_(std::move(other.memfd_)),
+      layer_files_(std::move(other.layer_files_)),
       mapping_(std::exchange(other.mapping_, nullptr)),
       private_copy_(other.private_copy_),
       ram_size_(std::exchange(other.ram_size_, 0)),

@@ -15,8 +15,16 @@
 
 #include "common/error.hpp"
 #include "common/fd.hpp"
+#include "core/state_codec.hpp"
 
 namespace agentvm {
+
+// A live snapshot's pages over the memory file below it (vmm/snapshot.hpp): a file of RAM's
+// size whose runs of pages (numbered as in the file) replace the ones beneath.
+struct MemoryLayer {
+    Fd file;
+    std::vector<IndexRun> pages;
+};
 
 struct MemoryRegion {
     uint64_t gpa;
@@ -31,8 +39,10 @@ public:
     explicit GuestMemory(uint64_t ram_bytes);
     // RAM from a snapshot's memory file, mapped MAP_PRIVATE: pages load on first touch and
     // stay shared through the page cache with every VM restored from the same file until the
-    // guest writes them. Throws Error unless the file is exactly ram_bytes long.
-    static GuestMemory from_snapshot(Fd file, uint64_t ram_bytes, const std::string& name);
+    // guest writes them. Each layer's runs are mapped over it the same way, lowest first.
+    // Throws Error unless every file is exactly ram_bytes long and the runs lie inside RAM.
+    static GuestMemory from_snapshot(Fd file, uint64_t ram_bytes, const std::string& name,
+                                     std::vector<MemoryLayer> layers = {});
     GuestMemory(GuestMemory&&) noexcept;
     GuestMemory& operator=(GuestMemory&&) = delete;
     GuestMemory(const GuestMemory&) = delete;
@@ -46,6 +56,16 @@ public:
     // Writes all of RAM into out_fd (an empty regular file) as a sparse file: pages that
     // were never touched or are all zero become holes. Returns the bytes of data written.
     uint64_t save_to(int out_fd) const;
+
+    // RAM mapped from a snapshot: the pages this process holds its own copies of, which the
+    // guest or a device wrote since the restore (the rest are still the snapshot's files'),
+    // in order. pagemap_fd: /proc/self/pagemap, opened before the process was jailed. Throws
+    // Error on RAM not mapped from a snapshot or a failed read.
+    std::vector<IndexRun> private_pages(int pagemap_fd) const;
+    // Writes the runs' pages into out_fd (an empty regular file) at their offsets, all-zero
+    // pages as holes, and sizes it to RAM. Returns the bytes of data written.
+    uint64_t save_pages_to(int out_fd, std::span<const IndexRun> runs) const;
+    bool from_snapshot_file() const { return private_copy_; }
 
     // Makes pages [first_page, first_page + count) of RAM, numbered as in the backing file, the
     // process's own copies now (MADV_POPULATE_WRITE), as the guest's first write would. For RAM
@@ -82,7 +102,10 @@ private:
     GuestMemory(Fd backing, uint64_t ram_bytes, int map_flags);
     const MemoryRegion* find(uint64_t gpa, uint64_t len) const noexcept;
 
+    void map_layer(const MemoryLayer& layer, const std::string& name);
+
     Fd memfd_;
+    std::vector<Fd> layer_files_;  // kept open for as long as they are mapped
     uint8_t* mapping_ = nullptr;
     bool private_copy_ = false;  // MAP_PRIVATE over a snapshot: the file misses the guest's writes
     uint64_t ram_size_ = 0;

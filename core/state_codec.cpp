@@ -64,6 +64,24 @@ json runs_to_json(const std::vector<IndexRun>& runs)
     return j;
 }
 
+std::vector<IndexRun> merge_runs(const std::vector<IndexRun>& runs, uint64_t min_gap, size_t max_runs)
+{
+    const auto merged_across = [](const std::vector<IndexRun>& in, uint64_t gap) {
+        std::vector<IndexRun> out;
+        for (const IndexRun& run : in) {
+            if (!out.empty() && run.first - (out.back().first + out.back().count) <= gap)
+                out.back().count = run.first + run.count - out.back().first;
+            else
+                out.push_back(run);
+        }
+        return out;
+    };
+    std::vector<IndexRun> merged = merged_across(runs, min_gap);
+    for (uint64_t gap = std::max<uint64_t>(min_gap, 1); merged.size() > std::max<size_t>(max_runs, 1); gap *= 2)
+        merged = merged_across(merged, gap);
+    return merged;
+}
+
 std::vector<IndexRun> runs_from_json(const json& j, std::string_view path, uint64_t limit, std::string_view unit,
                                      std::string_view limit_name)
 {

@@ -140,6 +140,11 @@ struct IndexRun {
     bool operator==(const IndexRun&) const = default;
 };
 
+// Ascending, disjoint runs with every gap of at most min_gap indices closed, then wider gaps
+// (doubling) until at most max_runs remain: fewer, longer runs that also cover what lay
+// between them. max_runs 0 counts as 1.
+std::vector<IndexRun> merge_runs(const std::vector<IndexRun>& runs, uint64_t min_gap, size_t max_runs);
+
 // Runs as snapshots store them, [[first, count], ...], and back. Decoding wants them ascending,
 // disjoint, non-empty and below `limit`, and refuses with "snapshot: <path>...", saying
 // "<unit>s [first, +count) are empty, out of order or past <limit_name> <limit>".

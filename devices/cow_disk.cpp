@@ -186,9 +186,12 @@ bool CowDisk::in_overlay(uint64_t sector) const
     return bit(written_, sector);
 }
 
-bool CowDisk::in_layer(uint64_t sector) const
+std::optional<uint32_t> CowDisk::layer_of(uint64_t sector) const
 {
-    return bit(layer_sectors_, sector);
+    for (size_t i = layers_.size(); i-- > 0;)
+        if (bit(layers_[i].sectors, sector))
+            return static_cast<uint32_t>(i);
+    return std::nullopt;
 }
 
 std::vector<std::pair<uint64_t, uint64_t>> CowDisk::overlay_byte_ranges() const
@@ -196,16 +199,16 @@ std::vector<std::pair<uint64_t, uint64_t>> CowDisk::overlay_byte_ranges() const
     return byte_ranges(capacity_sectors_, written_, [this](uint64_t s) { return in_overlay(s); });
 }
 
-std::vector<std::pair<uint64_t, uint64_t>> CowDisk::layer_byte_ranges() const
+std::vector<std::pair<uint64_t, uint64_t>> CowDisk::layer_byte_ranges(size_t index) const
 {
-    if (layer_sectors_.empty())
-        return {};
-    return byte_ranges(capacity_sectors_, layer_sectors_, [this](uint64_t s) { return in_layer(s) && !in_overlay(s); });
+    const Layer& layer = layers_.at(index);
+    return byte_ranges(capacity_sectors_, layer.sectors,
+                       [this, index](uint64_t s) { return !in_overlay(s) && layer_of(s) == index; });
 }
 
 bool CowDisk::is_written(uint64_t sector) const
 {
-    return in_overlay(sector) || in_layer(sector);
+    return in_overlay(sector) || layer_of(sector).has_value();
 }
 
 std::vector<CowDisk::Extent> CowDisk::plan_read(uint64_t sector, uint64_t count) const
@@ -216,25 +219,27 @@ std::vector<CowDisk::Extent> CowDisk::plan_read(uint64_t sector, uint64_t count)
     std::vector<Extent> plan;
     for (uint64_t s = sector; s < sector + count; ++s) {
         // Past the base's end the overlay's holes are the disk's zeros.
-        const Source source = in_overlay(s) ? Source::overlay
-                              : in_layer(s) ? Source::layer
+        const std::optional<uint32_t> layer = in_overlay(s) ? std::nullopt : layer_of(s);
+        const Source source = in_overlay(s)         ? Source::overlay
+                              : layer               ? Source::layer
                               : s >= base_sectors_ ? Source::overlay
-                                                   : Source::base;
-        if (!plan.empty() && plan.back().source == source)
+                                                    : Source::base;
+        const uint32_t index = layer.value_or(0);
+        if (!plan.empty() && plan.back().source == source && plan.back().layer == index)
             ++plan.back().count;
         else
-            plan.push_back({s, 1, source});
+            plan.push_back({s, 1, source, index});
     }
     return plan;
 }
 
-int CowDisk::fd_of(Source source) const
+int CowDisk::fd_of(const Extent& extent) const
 {
-    switch (source) {
+    switch (extent.source) {
     case Source::base:
         return base_.get();
     case Source::layer:
-        return layer_file_.get();
+        return layers_.at(extent.layer).file.get();
     case Source::overlay:
         break;
     }
@@ -281,7 +286,7 @@ void CowDisk::read(EventLoop& loop, uint64_t sector, std::span<const iovec> iov,
         op->parts.push_back(slice_iovecs(iov, (e.sector - sector) * sector_size, e.count * sector_size));
     for (size_t i = 0; i < plan.size(); ++i) {
         const Extent& e = plan[i];
-        const int fd = fd_of(e.source);
+        const int fd = fd_of(e);
         const uint64_t expected = e.count * sector_size;
         loop.readv(fd, op->parts[i].data(), static_cast<unsigned>(op->parts[i].size()), e.sector * sector_size,
                    [op, expected](int32_t res) { op->complete_part(res, expected); });
@@ -310,9 +315,21 @@ void CowDisk::write(EventLoop& loop, uint64_t sector, std::span<const iovec> iov
 CowDisk::State CowDisk::save() const
 {
     State state{capacity_sectors_, written_};
-    for (size_t i = 0; i < layer_sectors_.size(); ++i)
-        state.written[i] |= layer_sectors_[i];
+    for (const Layer& layer : layers_)
+        for (size_t i = 0; i < layer.sectors.size(); ++i)
+            state.written[i] |= layer.sectors[i];
     return state;
+}
+
+void CowDisk::push_layer(Fd file, std::vector<uint64_t> sectors)
+{
+    if (!file)
+        throw Error(fmt::format("disk {}: no file for a layer's sectors", name_));
+    if (std::any_of(written_.begin(), written_.end(), [](uint64_t w) { return w != 0; }))
+        throw Error(fmt::format("disk {} has been written; a layer goes under an empty overlay", name_));
+    if (layers_.size() >= max_layers)
+        throw Error(fmt::format("disk {} has {} layers already, the most a disk reads through", name_, max_layers));
+    layers_.push_back({std::move(file), std::move(sectors)});
 }
 
 void CowDisk::restore(const State& s, Fd layer)
@@ -326,15 +343,14 @@ void CowDisk::restore(const State& s, Fd layer)
         throw Error("disk state marks sectors beyond the end of the disk");
     if (!layer)
         throw Error(fmt::format("restoring disk {}: no file for the snapshot's sectors", name_));
-    if (!layer_sectors_.empty() || std::any_of(written_.begin(), written_.end(), [](uint64_t w) { return w != 0; }))
+    if (!layers_.empty() || std::any_of(written_.begin(), written_.end(), [](uint64_t w) { return w != 0; }))
         throw Error(fmt::format("disk {} was written or restored before; a restore needs a fresh disk", name_));
-    layer_sectors_ = s.written;
-    layer_file_ = std::move(layer);
+    push_layer(std::move(layer), s.written);
 }
 
 void CowDisk::add_layer(Fd layer, std::span<const std::pair<uint64_t, uint64_t>> byte_ranges)
 {
-    State state{capacity_sectors_, std::vector<uint64_t>(written_.size(), 0)};
+    std::vector<uint64_t> sectors(written_.size(), 0);
     for (const auto& [offset, length] : byte_ranges) {
         if (offset % sector_size != 0 || length % sector_size != 0)
             throw Error(fmt::format("disk {}: layer range at byte {} of {} bytes is not whole sectors", name_, offset,
@@ -345,9 +361,9 @@ void CowDisk::add_layer(Fd layer, std::span<const std::pair<uint64_t, uint64_t>>
             throw Error(fmt::format("disk {}: layer range at byte {} of {} bytes leaves the disk ({} bytes)", name_,
                                     offset, length, capacity_sectors_ * sector_size));
         for (uint64_t s = first; s < first + count; ++s)
-            state.written[s / 64] |= uint64_t{1} << (s % 64);
+            sectors[s / 64] |= uint64_t{1} << (s % 64);
     }
-    restore(state, std::move(layer));
+    push_layer(std::move(layer), std::move(sectors));
 }
 
 } // namespace agentvm

@@ -10,19 +10,22 @@
 // A VM restored from a snapshot reads the snapshot's disk file as a read-only layer between
 // the base and its overlay (restore()): every clone shares that file and its page cache, and
 // a restore copies nothing. A VM booted from a template reads the template's own blocks the
-// same way (add_layer()), over the base every template of that source shares.
+// same way (add_layer()), over the base every template of that source shares; a VM restored
+// from a live snapshot (vmm/snapshot.hpp) reads one more layer per snapshot in its chain.
+// A sector is read from the overlay, else from the topmost layer holding it, else the base.
 //
 // The planning (plan_read, mark_written) is pure; read/write submit through the EventLoop
 // and complete on its thread. Not thread-safe: the owning device serializes access. Must not
 // be moved or destroyed while I/O is in flight (completions refer to it).
 // Leaves out: discard, write-zeroes, persisting the overlay (a snapshot copies the disk's own
-// sectors itself: overlay_byte_ranges(), layer_byte_ranges()), layers of layers.
+// sectors itself: overlay_byte_ranges(), layer_byte_ranges()).
 #pragma once
 
 #include <sys/uio.h>
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <span>
 #include <string>
 #include <utility>
@@ -39,6 +42,8 @@ public:
     static constexpr uint64_t sector_size = 512;
     // Offsets are off_t and results int32: a disk stays well inside both ranges.
     static constexpr uint64_t max_capacity_bytes = uint64_t{1} << 62;
+    // Each layer costs every read a bitmap lookup: a chain deeper than this is refused.
+    static constexpr size_t max_layers = 32;
 
     enum class Source { base, layer, overlay };
 
@@ -46,6 +51,7 @@ public:
         uint64_t sector;
         uint64_t count;
         Source source;
+        uint32_t layer = 0;  // which layer (0: the lowest), for Source::layer
 
         bool operator==(const Extent&) const = default;
     };
@@ -74,7 +80,8 @@ public:
     uint64_t base_sectors() const { return base_sectors_; }
     int base_fd() const { return base_.get(); }
     int overlay_fd() const { return overlay_.get(); }
-    int layer_fd() const { return layer_file_.get(); }  // -1 without a layer
+    size_t layer_count() const { return layers_.size(); }
+    int layer_fd(size_t index) const { return layers_.at(index).file.get(); }
 
     // [sector, sector+count) lies inside the disk (overflow-safe).
     bool in_range(uint64_t sector, uint64_t count) const;
@@ -82,12 +89,14 @@ public:
     std::vector<Extent> plan_read(uint64_t sector, uint64_t count) const;
     // Records that the overlay now holds these sectors. Throws GuestError when out of range.
     void mark_written(uint64_t sector, uint64_t count);
-    // The overlay or the layer holds the sector.
+    // The overlay or a layer holds the sector.
     bool is_written(uint64_t sector) const;
     // Byte ranges [offset, offset+length) of the disk, in order: those the overlay holds, and
-    // those only the layer holds. Together, what a snapshot of this disk stores.
+    // those reads take from layer `index` (held by neither the overlay nor a higher layer).
+    // Together, what a full snapshot of this disk stores; the overlay's alone, what a live
+    // snapshot over the one this VM came from stores.
     std::vector<std::pair<uint64_t, uint64_t>> overlay_byte_ranges() const;
-    std::vector<std::pair<uint64_t, uint64_t>> layer_byte_ranges() const;
+    std::vector<std::pair<uint64_t, uint64_t>> layer_byte_ranges(size_t index) const;
 
     // Reads/writes sizeof(iov) bytes at `sector`. The iovec array is copied; the buffers must
     // stay valid until `done` runs on the loop thread. A write marks its sectors written only
@@ -103,27 +112,34 @@ public:
     // of another size or its bitmap is malformed, or when the disk has been written or
     // restored before.
     void restore(const State& state, Fd layer);
-    // Makes `layer` (a file of this disk's size, only ever read) hold these byte ranges
-    // [offset, offset+length) under an empty overlay: a template's own blocks over its
-    // shared base. Throws Error when a range is not whole sectors or leaves the disk, or as
-    // restore() does.
+    // Puts `layer` (a file of this disk's size, only ever read) holding these byte ranges
+    // [offset, offset+length) over the layers so far, under an empty overlay: a template's own
+    // blocks over its shared base, a live snapshot's sectors over its parent's. Throws Error
+    // when a range is not whole sectors or leaves the disk, when the disk has been written,
+    // or when it has max_layers already.
     void add_layer(Fd layer, std::span<const std::pair<uint64_t, uint64_t>> byte_ranges);
 
 private:
     void open_overlay(const std::string& overlay_dir);
     uint64_t check_request(uint64_t sector, std::span<const iovec> iov) const;
     bool in_overlay(uint64_t sector) const;
-    bool in_layer(uint64_t sector) const;
-    int fd_of(Source source) const;
+    // The topmost layer holding the sector, if any.
+    std::optional<uint32_t> layer_of(uint64_t sector) const;
+    void push_layer(Fd file, std::vector<uint64_t> sectors);
+    int fd_of(const Extent& extent) const;
+
+    struct Layer {
+        Fd file;
+        std::vector<uint64_t> sectors;  // as written_
+    };
 
     Fd base_;
     Fd overlay_;
-    Fd layer_file_;
     std::string name_;
     uint64_t capacity_sectors_ = 0;
     uint64_t base_sectors_ = 0;
     std::vector<uint64_t> written_;  // the overlay's sectors, as State::written
-    std::vector<uint64_t> layer_sectors_;  // as written_, for the layer; empty without one
+    std::vector<Layer> layers_;  // lowest first
 };
 
 // The sub-list of iov covering bytes [offset, offset+len) of the concatenated buffers.

@@ -274,4 +274,16 @@ void VirtioBlk::restore(const State& state, Fd disk_layer)
     disk_.restore(state.disk, std::move(disk_layer));
 }
 
+void VirtioBlk::restore(const State& state,
+                        std::vector<std::pair<Fd, std::vector<std::pair<uint64_t, uint64_t>>>> layers)
+{
+    std::lock_guard lock(mutex());
+    if (in_flight_ != 0)
+        throw Error("virtio-blk: cannot restore with requests in flight");
+    for (auto& [file, ranges] : layers)
+        disk_.add_layer(std::move(file), ranges);
+    if (disk_.save() != state.disk)
+        throw Error("virtio-blk: the snapshot's disk layers do not hold the sectors its state records");
+}
+
 } // namespace agentvm

@@ -99,6 +99,10 @@ public:
     // Call before restoring the transport; disk_layer is the snapshot's disk file
     // (CowDisk::restore). Throws Error on a mismatched disk or while busy.
     void restore(const State& state, Fd disk_layer);
+    // A restore through a chain of snapshots: each layer (lowest first, its file and the byte
+    // ranges it holds) goes over the one below (CowDisk::add_layer), and together they must
+    // hold exactly the sectors `state` records. Throws Error otherwise or while busy.
+    void restore(const State& state, std::vector<std::pair<Fd, std::vector<std::pair<uint64_t, uint64_t>>>> layers);
 
 private:
     void handle(Virtqueue& queue, const DescriptorChain& chain, bool& used_added);

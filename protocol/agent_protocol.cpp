@@ -219,6 +219,17 @@ ResumeRequest parse_resume(const Json& object)
     return resume;
 }
 
+SnapshotRequest parse_snapshot(const Json& object)
+{
+    SnapshotRequest snapshot{require_string(object, "name")};
+    const std::string& name = snapshot.name;
+    if (name.empty() || name.size() > max_snapshot_name_bytes || name.front() == '.' ||
+        name.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-") != std::string::npos)
+        bad_field("name", "must be 1 to " + std::to_string(max_snapshot_name_bytes)
+                              + " letters, digits, '.', '_' or '-', not starting with '.'");
+    return snapshot;
+}
+
 } // namespace
 
 Request parse_request(std::string_view line)
@@ -263,6 +274,8 @@ Request parse_request(std::string_view line)
             request.op = CloseRequest{};
         else if (op == "resume")
             request.op = parse_resume(object);
+        else if (op == "snapshot")
+            request.op = parse_snapshot(object);
         else
             throw CallError("unknown_op", "unknown op \"" + op + "\"");
     } catch (CallError& e) {

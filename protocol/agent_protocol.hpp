@@ -115,13 +115,22 @@ struct ResumeRequest {
     std::optional<uint32_t> pids_max;
 };
 
+// Host-side, never sent to the guest: `agentvm episode --snapshot-dir DIR` writes a live
+// snapshot of the whole VM (vmm/snapshot.hpp) to DIR/name, which another episode restores with
+// --snapshot: a fork, or a pause to disk.
+struct SnapshotRequest {
+    std::string name;  // 1 to max_snapshot_name_bytes of [A-Za-z0-9._-], not starting with '.'
+};
+
+constexpr size_t max_snapshot_name_bytes = 128;
+
 constexpr size_t min_resume_entropy = 16;
 constexpr size_t max_resume_entropy = 512;
 
 struct Request {
     Json id;
     std::variant<ExecRequest, ShellRequest, RunCodeRequest, WriteFileRequest, ReadFileRequest, StatRequest, ListDirRequest,
-                 CancelRequest, CloseRequest, ResumeRequest>
+                 CancelRequest, CloseRequest, ResumeRequest, SnapshotRequest>
         op;
 };
 

@@ -94,6 +94,7 @@ constexpr std::array snapshot_syscalls = {
     SCMP_SYS(unlinkat),        // removing a snapshot left half-written
     SCMP_SYS(rmdir),
     SCMP_SYS(getdents64),
+    SCMP_SYS(fcntl),           // fdopendir, as removing a half-written snapshot walks it
     SCMP_SYS(statx),
     SCMP_SYS(lseek),
     SCMP_SYS(pread64),

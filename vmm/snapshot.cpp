@@ -16,6 +16,7 @@
 
 #include "agentvm_config.hpp"
 #include "devices/state_json.hpp"
+#include "devices/virtio_blk.hpp"
 #include "common/error.hpp"
 #include "common/file_digest.hpp"
 #include "core/layout.hpp"
@@ -182,15 +183,12 @@ private:
 
 } // namespace
 
-SnapshotWriter::SnapshotWriter(const Kvm& kvm, const VmConfig& config, const std::string& dir)
-    : target_(fs::absolute(dir)), dir_(dir)
+namespace {
+
+// What every manifest records of the VM's inputs, read before the VMM is jailed.
+json inputs_manifest(const Kvm& kvm, const VmConfig& config)
 {
-    if (fs::exists(target_))
-        throw Error(fmt::format("snapshot directory '{}' already exists; remove it or choose another --out", dir));
-    if (!fs::is_directory(target_.parent_path()))
-        throw Error(fmt::format("cannot create snapshot directory '{}': '{}' is not a directory", dir,
-                                target_.parent_path().string()));
-    json& manifest = manifest_;
+    json manifest;
     manifest["format"] = snapshot_format;
     manifest["agentvm_version"] = AGENTVM_VERSION;
     manifest["vcpus"] = config.vcpus;
@@ -199,6 +197,125 @@ SnapshotWriter::SnapshotWriter(const Kvm& kvm, const VmConfig& config, const std
     if (config.rootfs_path)
         manifest["rootfs"] = input_file(*config.rootfs_path, "root filesystem");
     manifest["host_cpu"] = host_cpu(kvm);
+    return manifest;
+}
+
+void write_bytes_file(const fs::path& path, const std::string& text)
+{
+    Fd fd = create_file(path);
+    write_all(fd.get(), text.data(), text.size(), path.filename().string());
+    if (::fsync(fd.get()) != 0)
+        throw_errno(fmt::format("fsync '{}'", path.string()));
+}
+
+void check_disk_size(const Vm& vm)
+{
+    if (vm.disk_bytes() > max_snapshot_disk_sectors * CowDisk::sector_size)
+        throw Error(fmt::format("a disk of {} GiB cannot be snapshotted: at most {} GiB", vm.disk_bytes() >> 30,
+                                (max_snapshot_disk_sectors * CowDisk::sector_size) >> 30));
+}
+
+std::vector<IndexRun> sector_runs(const ByteRanges& ranges)
+{
+    std::vector<IndexRun> runs;
+    for (const auto& [offset, length] : ranges)
+        runs.push_back({offset / CowDisk::sector_size, length / CowDisk::sector_size});
+    return runs;
+}
+
+} // namespace
+
+SnapshotWriter::SnapshotWriter(const Kvm& kvm, const VmConfig& config, const std::string& dir)
+    : target_(fs::absolute(dir)), dir_(dir)
+{
+    if (fs::exists(target_))
+        throw Error(fmt::format("snapshot directory '{}' already exists; remove it or choose another --out", dir));
+    if (!fs::is_directory(target_.parent_path()))
+        throw Error(fmt::format("cannot create snapshot directory '{}': '{}' is not a directory", dir,
+                                target_.parent_path().string()));
+    manifest_ = inputs_manifest(kvm, config);
+}
+
+SnapshotWriter::SnapshotWriter(const Kvm& kvm, const VmConfig& config, std::optional<SnapshotOrigin> origin)
+{
+    if (!origin) {
+        manifest_ = inputs_manifest(kvm, config);
+        return;
+    }
+    manifest_ = origin->inputs;
+    manifest_["format"] = snapshot_format;
+    manifest_["agentvm_version"] = AGENTVM_VERSION;
+    manifest_["vcpus"] = config.vcpus;
+    manifest_["mem_mib"] = config.mem_mib;
+    origin_ = std::move(origin->parent);
+}
+
+SnapshotSummary SnapshotWriter::write_live(const Vm& vm, const std::string& dir,
+                                           const std::function<void()>& captured) const
+{
+    bool released = false;
+    const auto release = [&] {
+        if (!released) {
+            released = true;
+            captured();
+        }
+    };
+    try {
+        const fs::path target = fs::absolute(dir);
+        if (fs::exists(target))
+            throw Error(fmt::format("snapshot directory '{}' already exists", dir));
+        if (!fs::is_directory(target.parent_path()))
+            throw Error(fmt::format("cannot create snapshot directory '{}': '{}' is not a directory", dir,
+                                    target.parent_path().string()));
+        if (origin_ && origin_->depth + 1 > max_snapshot_depth)
+            throw Error(fmt::format("the VM was restored from a snapshot {} deep, and a chain of live snapshots "
+                                    "goes at most {} deep",
+                                    origin_->depth, max_snapshot_depth));
+        check_disk_size(vm);
+        PartialDir partial(target);
+        SnapshotSummary summary;
+        summary.dir = target.string();
+        json manifest = manifest_;
+        if (vm.disk_bytes() != 0)
+            manifest["disk_bytes"] = vm.disk_bytes();
+
+        json state = vm.save_state();
+        Fd memory_fd = create_file(partial.path() / memory_name);
+        Fd disk_fd = create_file(partial.path() / disk_name);
+        if (origin_) {
+            const std::vector<IndexRun> pages = vm.save_memory_delta(memory_fd.get());
+            const ByteRanges sectors = vm.save_disk_delta(disk_fd.get());
+            state["layer"] = {{"memory", state_codec::runs_to_json(pages)},
+                              {"disk", state_codec::runs_to_json(sector_runs(sectors))}};
+        } else {
+            vm.save_memory(memory_fd.get());
+            vm.save_disk(disk_fd.get());
+        }
+        const std::vector<uint8_t> state_bytes = encode_cbor(state);
+        Fd state_fd = create_file(partial.path() / state_name);
+        write_all(state_fd.get(), state_bytes.data(), state_bytes.size(), state_name);
+        release();
+
+        summary.state_bytes = state_bytes.size();
+        manifest["files"][state_name] = stored_file(state_fd.get(), partial.path() / state_name);
+        manifest["files"][memory_name] = stored_file(memory_fd.get(), partial.path() / memory_name);
+        manifest["files"][disk_name] = stored_file(disk_fd.get(), partial.path() / disk_name);
+        struct stat st {};
+        if (::fstat(memory_fd.get(), &st) == 0)
+            summary.memory_data_bytes = static_cast<uint64_t>(st.st_blocks) * 512;
+        if (::fstat(disk_fd.get(), &st) == 0)
+            summary.disk_data_bytes = static_cast<uint64_t>(st.st_blocks) * 512;
+        if (origin_)
+            manifest["parent"] = {{"dir", origin_->dir},
+                                  {"manifest_digest", origin_->manifest_digest},
+                                  {"depth", origin_->depth + 1}};
+        write_bytes_file(partial.path() / manifest_name, manifest.dump(2) + "\n");
+        partial.commit(target);
+        return summary;
+    } catch (...) {
+        release();
+        throw;
+    }
 }
 
 SnapshotSummary SnapshotWriter::write(const Vm& vm) const
@@ -209,9 +326,7 @@ SnapshotSummary SnapshotWriter::write(const Vm& vm) const
     SnapshotSummary summary;
     summary.dir = target_.string();
     json manifest = manifest_;
-    if (vm.disk_bytes() > max_snapshot_disk_sectors * CowDisk::sector_size)
-        throw Error(fmt::format("a disk of {} GiB cannot be snapshotted: at most {} GiB", vm.disk_bytes() >> 30,
-                                (max_snapshot_disk_sectors * CowDisk::sector_size) >> 30));
+    check_disk_size(vm);
     if (vm.disk_bytes() != 0)
         manifest["disk_bytes"] = vm.disk_bytes();
 
@@ -316,11 +431,135 @@ void check_host_cpu(const Kvm& kvm, const json& recorded)
 
 } // namespace
 
+namespace {
+
+// One snapshot of a chain below the one restored: its manifest checked against the digest
+// its child recorded, its state read (its layer lists), its memory and disk opened.
+struct ChainLink {
+    std::string dir;
+    SnapshotManifest manifest;
+    json state;
+    Fd memory;
+    Fd disk;
+};
+
+std::vector<uint8_t> read_manifest_bytes(const fs::path& dir)
+{
+    Fd fd = open_read((dir / manifest_name).string(), "snapshot manifest");
+    return read_file_bytes(fd.get(), max_manifest_bytes, manifest_name);
+}
+
+ChainLink open_parent(const std::string& child, const SnapshotParent& parent, const ManifestLimits& limits)
+{
+    std::vector<uint8_t> bytes;
+    try {
+        bytes = read_manifest_bytes(parent.dir);
+    } catch (const Error& e) {
+        throw Error(fmt::format("snapshot '{}' is stored as changes over '{}', which is missing or unreadable: {}",
+                                child, parent.dir, e.what()));
+    }
+    if (sha256_hex(bytes) != parent.manifest_digest)
+        throw Error(fmt::format("snapshot '{}' is stored as changes over '{}', which has been altered or replaced "
+                                "since (its manifest.json is not the one recorded)",
+                                child, parent.dir));
+    ChainLink link;
+    link.dir = parent.dir;
+    try {
+        link.manifest = decode_manifest(bytes, limits);
+        const uint32_t depth = link.manifest.parent ? link.manifest.parent->depth : 0;
+        if (depth + 1 != parent.depth)
+            throw Error(fmt::format("it is {} deep, its child says {}", depth, parent.depth - 1));
+        const fs::path root(parent.dir);
+        const json& files = link.manifest.doc.at("files");
+        link.state = read_state(root, files.at(state_name));
+        link.memory = open_large(root, memory_name, files.at(memory_name));
+        link.disk = open_large(root, disk_name, files.at(disk_name));
+    } catch (const json::exception& e) {
+        throw Error(fmt::format("snapshot '{}': malformed manifest: {}", parent.dir, e.what()));
+    } catch (const Error& e) {
+        throw Error(fmt::format("snapshot '{}' (below '{}'): {}", parent.dir, child, e.what()));
+    }
+    return link;
+}
+
+// A baked snapshot's disk file holds the sectors its state's disk bitmap marks.
+ByteRanges bitmap_ranges(const json& state, uint64_t capacity_sectors)
+{
+    const auto blk = state_from_json<VirtioBlk::State>(state.at("blk").at("device"), "blk.device");
+    if (blk.disk.capacity_sectors != capacity_sectors || blk.disk.written.size() != (capacity_sectors + 63) / 64)
+        throw Error("snapshot: blk.device: a disk of another size than the snapshot records");
+    ByteRanges ranges;
+    const auto bit = [&](uint64_t s) { return (blk.disk.written[s / 64] >> (s % 64)) & 1; };
+    for (uint64_t s = 0; s < capacity_sectors;) {
+        if (!bit(s)) {
+            ++s;
+            continue;
+        }
+        const uint64_t first = s;
+        while (s < capacity_sectors && bit(s))
+            ++s;
+        ranges.emplace_back(first * CowDisk::sector_size, (s - first) * CowDisk::sector_size);
+    }
+    return ranges;
+}
+
+// A live snapshot's own pages and sectors, as its state lists them.
+void add_layer(VmSnapshotData& data, const json& state, Fd memory, Fd disk, uint64_t ram_pages,
+               uint64_t disk_sectors)
+{
+    // disk_sectors 0: a VM without a root disk, whose disk files are empty.
+    const json& layer = state.at("layer");
+    auto pages = state_codec::runs_from_json(layer.at("memory"), "layer.memory", ram_pages, "page", "guest RAM's");
+    if (pages.size() > max_snapshot_page_runs)
+        throw Error(fmt::format("snapshot: layer.memory: {} runs of pages, more than the {} a snapshot stores",
+                                pages.size(), max_snapshot_page_runs));
+    ByteRanges ranges;
+    for (const IndexRun& run : state_codec::runs_from_json(layer.at("disk"), "layer.disk", disk_sectors, "sector",
+                                                           "the disk's"))
+        ranges.emplace_back(run.first * CowDisk::sector_size, run.count * CowDisk::sector_size);
+    data.memory_layers.push_back({std::move(memory), std::move(pages)});
+    if (disk_sectors != 0)
+        data.disk_layers.emplace_back(std::move(disk), std::move(ranges));
+}
+
+// The chain below a live snapshot, walked down to its baked root: the root's memory and
+// disk at the bottom, each live snapshot's pages and sectors over them, the leaf's on top.
+void load_chain(VmSnapshotData& data, const std::string& dir, const SnapshotManifest& leaf,
+                const ManifestLimits& limits)
+{
+    const uint64_t ram_pages = leaf.mem_mib * layout::mib / layout::page_size;
+    const uint64_t disk_sectors = leaf.disk_bytes.value_or(0) / CowDisk::sector_size;
+    std::vector<ChainLink> below;  // the leaf's parent first
+    std::string child = dir;
+    std::optional<SnapshotParent> next = leaf.parent;
+    while (next) {
+        ChainLink link = open_parent(child, *next, limits);
+        const SnapshotManifest& m = link.manifest;
+        if (m.vcpus != leaf.vcpus || m.mem_mib != leaf.mem_mib || m.disk_bytes != leaf.disk_bytes)
+            throw Error(fmt::format("snapshot '{}' is stored over '{}', a VM of another size", child, link.dir));
+        child = link.dir;
+        next = m.parent;
+        below.push_back(std::move(link));
+    }
+    VmSnapshotData chain;
+    ChainLink& root = below.back();
+    chain.memory = std::move(root.memory);
+    if (disk_sectors != 0)
+        chain.disk_layers.emplace_back(std::move(root.disk), bitmap_ranges(root.state, disk_sectors));
+    for (size_t i = below.size() - 1; i-- > 0;)
+        add_layer(chain, below[i].state, std::move(below[i].memory), std::move(below[i].disk), ram_pages,
+                  disk_sectors);
+    add_layer(chain, data.state, std::move(data.memory), std::move(data.disk), ram_pages, disk_sectors);
+    chain.state = std::move(data.state);
+    data = std::move(chain);
+}
+
+} // namespace
+
 LoadedSnapshot load_snapshot(const Kvm& kvm, const std::string& dir, VmConfig config)
 {
     const fs::path root(dir);
-    Fd manifest_fd = open_read((root / manifest_name).string(), "snapshot manifest");
-    const auto manifest_bytes = read_file_bytes(manifest_fd.get(), max_manifest_bytes, manifest_name);
+    const auto manifest_bytes = read_manifest_bytes(root);
     const ManifestLimits limits{vcpu_limit(kvm), host_ram_mib(), max_snapshot_disk_sectors * CowDisk::sector_size};
     SnapshotManifest decoded;
     try {
@@ -355,9 +594,16 @@ LoadedSnapshot load_snapshot(const Kvm& kvm, const std::string& dir, VmConfig co
         loaded.data.state = read_state(root, files.at(state_name));
         loaded.data.memory = open_large(root, memory_name, files.at(memory_name));
         loaded.data.disk = open_large(root, disk_name, files.at(disk_name));
+        if (decoded.parent)
+            load_chain(loaded.data, dir, decoded, limits);
     } catch (const json::exception& e) {
         throw Error(fmt::format("snapshot '{}': malformed manifest: {}", dir, e.what()));
     }
+    loaded.origin.parent = {fs::absolute(root).lexically_normal().string(), sha256_hex(manifest_bytes),
+                            decoded.parent ? decoded.parent->depth : 0};
+    for (const char* input : {"kernel", "rootfs", "host_cpu"})
+        if (decoded.doc.contains(input))
+            loaded.origin.inputs[input] = decoded.doc[input];
     loaded.config = std::move(config);
     spdlog::debug("snapshot '{}' checked and its state read", dir);
     return loaded;

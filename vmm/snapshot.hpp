@@ -8,6 +8,14 @@
 // A snapshot is written to a temporary directory beside the target and renamed into place,
 // so a crashed bake leaves no half snapshot under the target's name.
 //
+// A live snapshot (SnapshotWriter::write_live) of a VM restored from a snapshot stores only
+// what the VM changed since: memory holds the pages it has its own copies of, disk the
+// sectors it wrote, both sparse at their offsets, and state.cbor's "layer" lists them (page
+// runs, byte ranges); the manifest's "parent" names the snapshot below by directory and the
+// SHA-256 of its manifest.json. A restore walks the chain down to the baked snapshot at its
+// root and checks every link: a parent that is missing, or whose manifest is not the one
+// recorded, is refused naming it. Of a booted VM, a live snapshot is whole, like a bake's.
+//
 // Loading checks everything before a VM exists, and names the first problem: a missing or
 // truncated file, a digest that does not match, another format version, a size out of range
 // (vmm/snapshot_manifest.hpp), another kernel or rootfs than recorded, a host CPU without
@@ -33,6 +41,8 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
+#include <optional>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -55,23 +65,42 @@ struct SnapshotSummary {
 // VM's inputs (kernel, rootfs, host CPU) is read when the writer is made, before the VM runs:
 // once the VMM is jailed, the kernel and rootfs are out of its reach by name, and only
 // parent_dir() is left writable. Throws Error; nothing is left behind then.
+// What live snapshots of a restored VM continue from: the snapshot it was restored from (their
+// parent), and what that snapshot's manifest records of the VM's inputs (kernel, rootfs, host
+// CPU), which the restore checked, so that they need not be read again.
+struct SnapshotOrigin {
+    SnapshotParent parent;
+    nlohmann::json inputs;
+};
+
 class SnapshotWriter {
 public:
     SnapshotWriter(const Kvm& kvm, const VmConfig& config, const std::string& dir);
+    // For live snapshots into directories named later (write_live): of a VM restored from
+    // `origin`, or booted (none: its inputs are read now).
+    SnapshotWriter(const Kvm& kvm, const VmConfig& config, std::optional<SnapshotOrigin> origin);
     // Where the snapshot is written and then renamed into place.
     std::string parent_dir() const { return target_.parent_path().string(); }
     // Writes the snapshot of `vm`, whose run() has returned.
     SnapshotSummary write(const Vm& vm) const;
+    // Writes a live snapshot of `vm`, paused (Vm::pause), into `dir`, which must not exist.
+    // `captured` runs once everything the VM holds is written (the VM may run on from then);
+    // then the files are synced and hashed and the manifest written. Throws Error; nothing
+    // is left behind then, and `captured` has run if the VM's part was done.
+    SnapshotSummary write_live(const Vm& vm, const std::string& dir, const std::function<void()>& captured) const;
 
 private:
     std::filesystem::path target_;
     std::string dir_;
     nlohmann::json manifest_;
+    std::optional<SnapshotParent> origin_;  // the parent of every live snapshot
 };
 
 struct LoadedSnapshot {
     VmConfig config;      // the caller's, with the snapshot's vCPU count, memory and disk size
     VmSnapshotData data;
+    // What live snapshots of the restored VM continue from: this snapshot.
+    SnapshotOrigin origin;
 };
 
 // Opens and checks the snapshot at `dir` for a VM configured as `config` (kernel, rootfs,

@@ -40,6 +40,19 @@ SnapshotManifest decode_manifest(std::span<const uint8_t> bytes, const ManifestL
                 throw Error(fmt::format("manifest: disk_bytes {} is not a whole number of {}-byte sectors",
                                         *m.disk_bytes, CowDisk::sector_size));
         }
+        if (m.doc.contains("parent")) {
+            const json& parent = m.doc.at("parent");
+            SnapshotParent p;
+            p.dir = parent.at("dir").get<std::string>();
+            p.manifest_digest = parent.at("manifest_digest").get<std::string>();
+            p.depth = static_cast<uint32_t>(count_field(parent, "depth", max_snapshot_depth));
+            if (p.dir.empty() || p.dir.front() != '/')
+                throw Error(fmt::format("manifest: parent dir {} is not an absolute path", parent.at("dir").dump()));
+            if (p.manifest_digest.size() != 64 ||
+                p.manifest_digest.find_first_not_of("0123456789abcdef") != std::string::npos)
+                throw Error("manifest: parent manifest_digest is not a SHA-256 in hex");
+            m.parent = std::move(p);
+        }
     } catch (const json::exception& e) {
         throw Error(fmt::format("malformed manifest: {}", e.what()));
     }

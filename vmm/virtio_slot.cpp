@@ -85,6 +85,17 @@ VirtioSlot::~VirtioSlot()
         loop_.unwatch(fd.get());
 }
 
+void VirtioSlot::take_notifications()
+{
+    // The eventfds are non-blocking, and the loop's own read of one already taken finds it
+    // empty and does nothing.
+    for (size_t q = 0; q < notify_fds_.size(); ++q) {
+        uint64_t count = 0;
+        if (::read(notify_fds_[q].get(), &count, sizeof(count)) == sizeof(count))
+            transport_->notify_queue(static_cast<uint16_t>(q));
+    }
+}
+
 std::string VirtioSlot::cmdline_param() const
 {
     return virtio_mmio_cmdline_param(base_, layout::virtio_mmio_size, irq_);

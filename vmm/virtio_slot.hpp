@@ -27,6 +27,9 @@ public:
     VirtioSlot& operator=(const VirtioSlot&) = delete;
 
     VirtioMmioTransport& transport() { return *transport_; }
+    // Takes now the queue notifications the guest made that the loop has not handled yet (a
+    // live snapshot, once the vCPUs are parked, wants every request the guest made started).
+    void take_notifications();
     // The kernel parameter that tells the guest where this device lives.
     std::string cmdline_param() const;
 

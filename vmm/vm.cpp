@@ -25,6 +25,7 @@
 #include "core/layout.hpp"
 #include "vmm/mptable.hpp"
 #include "vmm/seccomp.hpp"
+#include "vmm/snapshot_manifest.hpp"
 #include "vmm/kvm_state_json.hpp"
 #include "common/sparse_copy.hpp"
 #include "vmm/vcpu_state.hpp"
@@ -112,11 +113,16 @@ Vm::Vm(const Kvm& kvm, const VmConfig& config)
 
 Vm::Vm(const Kvm& kvm, const VmConfig& config, VmSnapshotData snapshot)
     : Vm(kvm, config, GuestMemory::from_snapshot(std::move(snapshot.memory), config.mem_mib * layout::mib,
-                                                 "snapshot memory"),
+                                                 "snapshot memory", std::move(snapshot.memory_layers)),
          true)
 {
+    if (config.live_snapshots) {
+        pagemap_ = Fd(::open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC));
+        if (!pagemap_)
+            throw_errno("opening /proc/self/pagemap (live snapshots find the pages a VM wrote there)");
+    }
     try {
-        restore_state(snapshot.state, std::move(snapshot.disk));
+        restore_state(snapshot.state, std::move(snapshot.disk), std::move(snapshot.disk_layers));
     } catch (const nlohmann::json::exception& e) {
         throw Error(fmt::format("snapshot: malformed state: {}", e.what()));
     }
@@ -265,9 +271,31 @@ void Vm::save_disk(int fd) const
         return;
     const CowDisk& disk = blk_->disk();
     const uint64_t size = disk.capacity_sectors() * CowDisk::sector_size;
-    if (disk.layer_fd() >= 0)
-        copy_ranges(disk.layer_fd(), fd, disk.layer_byte_ranges(), size, "the restored snapshot's disk into the snapshot");
+    for (size_t i = 0; i < disk.layer_count(); ++i)
+        copy_ranges(disk.layer_fd(i), fd, disk.layer_byte_ranges(i), size, "a disk layer into the snapshot");
     copy_ranges(disk.overlay_fd(), fd, disk.overlay_byte_ranges(), size, "the disk overlay into the snapshot");
+}
+
+std::vector<IndexRun> Vm::save_memory_delta(int fd) const
+{
+    if (!pagemap_)
+        throw Error("this VM was not restored for live snapshots: it cannot tell the pages it wrote");
+    // Each run is one mapping in every VM restored from the snapshot: merged across gaps
+    // (whose pages are written too, as they are now) until there are few enough.
+    const std::vector<IndexRun> runs = merge_runs(mem_.private_pages(pagemap_.get()), snapshot_page_gap, max_snapshot_page_runs);
+    mem_.save_pages_to(fd, runs);
+    return runs;
+}
+
+ByteRanges Vm::save_disk_delta(int fd) const
+{
+    if (!blk_)
+        return {};
+    const CowDisk& disk = blk_->disk();
+    ByteRanges ranges = disk.overlay_byte_ranges();
+    copy_ranges(disk.overlay_fd(), fd, ranges, disk.capacity_sectors() * CowDisk::sector_size,
+                "the disk overlay into the snapshot");
+    return ranges;
 }
 
 uint64_t Vm::disk_bytes() const
@@ -275,7 +303,7 @@ uint64_t Vm::disk_bytes() const
     return blk_ ? blk_->disk().capacity_sectors() * CowDisk::sector_size : 0;
 }
 
-void Vm::restore_state(const nlohmann::json& state, Fd disk)
+void Vm::restore_state(const nlohmann::json& state, Fd disk, std::vector<std::pair<Fd, ByteRanges>> disk_layers)
 {
     // Everything is decoded and checked before KVM or a device sees any of it.
     const nlohmann::json& vcpu_docs = state.at("vcpus");
@@ -307,7 +335,10 @@ void Vm::restore_state(const nlohmann::json& state, Fd disk)
         // The sectors the guest had written live in the snapshot's disk file, which this VM
         // reads as a layer under its own overlay: every clone shares it, a restore copies
         // nothing, and the snapshot stays as it was.
-        blk_->restore(*blk, std::move(disk));
+        if (disk_layers.empty())
+            blk_->restore(*blk, std::move(disk));
+        else
+            blk_->restore(*blk, std::move(disk_layers));
         blk_slot_->transport().restore(*blk_transport);
     }
     // Each device before its transport (see VirtioVsock::restore).
@@ -315,6 +346,7 @@ void Vm::restore_state(const nlohmann::json& state, Fd disk)
     vsock_slot_->transport().restore(vsock_transport);
 
     copy_warm_pages(mem_, warm);
+    warm_writes_ = warm;  // a live snapshot of this VM passes them on
 
     // KVM: vCPUs first, then the VM-wide state (see restore_vm_kvm_state for why).
     for (uint32_t i = 0; i < config_.vcpus; ++i) {
@@ -361,6 +393,10 @@ void Vm::vcpu_loop(Vcpu& vcpu)
         if (config_.jail)
             install_seccomp(SeccompRole::vcpu);
         while (!stopping_) {
+            if (pause_requested_.load(std::memory_order_acquire)) {
+                park(vcpu);
+                continue;
+            }
             const ExitOutcome outcome = handle_exit(vcpu.run(), pio_, mmio_);
             switch (outcome.action) {
             case ExitAction::resume:
@@ -386,6 +422,84 @@ void Vm::vcpu_loop(Vcpu& vcpu)
     }
 }
 
+void Vm::park(Vcpu& vcpu)
+{
+    // As when stopping: the last exit's I/O completes on one more entry, exit requested.
+    vcpu.request_exit();
+    vcpu.run();
+    std::unique_lock lock(pause_mutex_);
+    ++parked_;
+    pause_cv_.notify_all();
+    pause_cv_.wait(lock, [this] { return !pause_requested_ || stopping_; });
+    --parked_;
+    vcpu.clear_exit_request();
+}
+
+void Vm::pause(std::function<void(const std::string& error)> paused, std::chrono::milliseconds patience)
+{
+    if (on_paused_ || pause_requested_) {
+        paused("the VM is being paused already");
+        return;
+    }
+    on_paused_ = std::move(paused);
+    pause_deadline_ = std::chrono::steady_clock::now() + patience;
+    pause_requested_.store(true, std::memory_order_release);
+    kick_vcpus();
+    {
+        // Parked vCPUs take microseconds; a vCPU waiting for the loop (a device reset
+        // draining its I/O) needs the loop to run, so the wait is short and then polled.
+        std::unique_lock lock(pause_mutex_);
+        pause_cv_.wait_for(lock, std::chrono::milliseconds(2), [this] { return parked_ == vcpus_.size(); });
+    }
+    poll_pause();
+}
+
+void Vm::poll_pause()
+{
+    const auto finish = [this](const std::string& error) {
+        auto paused = std::move(on_paused_);
+        on_paused_ = nullptr;
+        if (!error.empty())
+            resume();
+        paused(error);
+    };
+    if (stopping_) {
+        finish("the VM stopped");
+        return;
+    }
+    bool all_parked = false;
+    {
+        std::lock_guard lock(pause_mutex_);
+        all_parked = parked_ == vcpus_.size();
+    }
+    if (all_parked) {
+        // Requests the guest made just before it was parked may not have reached the loop.
+        if (blk_slot_)
+            blk_slot_->take_notifications();
+        vsock_slot_->take_notifications();
+        if (!blk_ || blk_->in_flight() == 0) {
+            finish("");
+            return;
+        }
+    }
+    if (std::chrono::steady_clock::now() >= pause_deadline_) {
+        finish(all_parked ? "the disk did not finish its requests in time" : "the vCPUs did not stop in time");
+        return;
+    }
+    if (!pause_poll_)
+        pause_poll_ = std::make_unique<LoopTimer>(loop_, [this] { poll_pause(); });
+    pause_poll_->arm(std::chrono::microseconds(200));
+}
+
+void Vm::resume()
+{
+    {
+        std::lock_guard lock(pause_mutex_);
+        pause_requested_.store(false, std::memory_order_release);
+    }
+    pause_cv_.notify_all();
+}
+
 VmResult Vm::run()
 {
     vsock_host_->update_stream_cap();
@@ -404,7 +518,11 @@ VmResult Vm::run()
     } catch (const std::exception& e) {
         stop(VmOutcome::failed, fmt::format("I/O loop: {}", e.what()));
     }
-    stopping_ = true;
+    {
+        std::lock_guard lock(pause_mutex_);
+        stopping_ = true;
+    }
+    pause_cv_.notify_all();  // parked vCPUs end too
     if (blk_)
         blk_->abandon_resets();  // a vCPU waiting in a reset would otherwise never be joined
     kick_vcpus();

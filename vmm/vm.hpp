@@ -4,6 +4,8 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -20,6 +22,7 @@
 #include "core/event_loop.hpp"
 #include "common/fd.hpp"
 #include "core/guest_memory.hpp"
+#include "core/loop_timer.hpp"
 #include "vmm/kvm.hpp"
 #include "vmm/vcpu.hpp"
 #include "vmm/vm_config.hpp"
@@ -47,12 +50,20 @@ struct VmResult {
     std::string detail;
 };
 
+// Byte ranges [offset, offset+length) of a disk.
+using ByteRanges = std::vector<std::pair<uint64_t, uint64_t>>;
+
 // What a VM resumes from (see vmm/snapshot.hpp for the files): the state document (vCPUs,
 // VM-wide KVM state, devices) and the files with guest memory and the disk's written sectors.
+// A live snapshot is a chain: the first snapshot's full memory, each later one's pages over
+// it; and every snapshot's disk file with the ranges it holds (disk_layers, lowest first,
+// instead of `disk`).
 struct VmSnapshotData {
     nlohmann::json state;
     Fd memory;
     Fd disk;
+    std::vector<MemoryLayer> memory_layers;
+    std::vector<std::pair<Fd, ByteRanges>> disk_layers;
 };
 
 class Vm {
@@ -90,6 +101,17 @@ public:
     void start_write_log();
     void stop_write_log();
 
+    // Live snapshots, on the I/O loop's thread while run() runs. pause() parks every vCPU
+    // outside KVM_RUN with its last exit completed, starts the queue work the guest asked for
+    // before, and once the disk has no request in flight calls `paused` with an empty error on
+    // the loop's thread: the VM's state is whole then for save_state() and the save functions
+    // until resume(). If that takes longer than `patience`, or the VM stops, `paused` gets why
+    // and the VM runs on. One pause at a time.
+    void pause(std::function<void(const std::string& error)> paused, std::chrono::milliseconds patience);
+    void resume();
+    // Whether RAM is mapped from a snapshot: its live snapshots store only what it wrote since.
+    bool restored() const { return mem_.from_snapshot_file(); }
+
     // A host connection to the guest's vsock port (see VsockHost::connect_internal). On the
     // I/O loop's thread, or before run().
     Fd connect_vsock(uint32_t port);
@@ -98,6 +120,11 @@ public:
     nlohmann::json save_state() const;
     void save_memory(int fd) const;
     void save_disk(int fd) const;
+    // A restored VM (config.live_snapshots): the pages it holds its own copies of (runs merged
+    // across small gaps, so that a restore maps few of them), and the disk sectors it wrote,
+    // written into fd at their offsets. Return what they wrote.
+    std::vector<IndexRun> save_memory_delta(int fd) const;
+    ByteRanges save_disk_delta(int fd) const;
     // The root disk's size in bytes; 0 without one.
     uint64_t disk_bytes() const;
 
@@ -117,9 +144,11 @@ private:
     std::string add_root_disk(const VmConfig& config, bool restoring);
     std::string add_vsock(const std::optional<std::string>& uds_path);
     void create_vcpus(const LoadedKernel& kernel);
-    void restore_state(const nlohmann::json& state, Fd disk);
+    void restore_state(const nlohmann::json& state, Fd disk, std::vector<std::pair<Fd, ByteRanges>> disk_layers);
     void vcpu_loop(Vcpu& vcpu);
+    void park(Vcpu& vcpu);
     void kick_vcpus();  // only from the thread in run()
+    void poll_pause();
 
     const Kvm& kvm_;
     VmConfig config_;
@@ -142,6 +171,17 @@ private:
     std::vector<std::function<void()>> stopping_hooks_;
 
     std::vector<PageRun> warm_writes_;
+    Fd pagemap_;  // /proc/self/pagemap, for a restored VM with config.live_snapshots
+
+    // pause(): the vCPU threads park under pause_mutex_ while pause_requested_ holds.
+    std::mutex pause_mutex_;
+    std::condition_variable pause_cv_;
+    std::atomic<bool> pause_requested_{false};
+    size_t parked_ = 0;
+    std::function<void(const std::string&)> on_paused_;
+    std::chrono::steady_clock::time_point pause_deadline_;
+    std::unique_ptr<LoopTimer> pause_poll_;
+
     std::atomic<bool> stopping_{false};
     std::mutex result_mutex_;
     std::optional<VmResult> result_;

@@ -38,6 +38,9 @@ struct VmConfig {
     int console_fd = -1;                      // serial output goes here (not owned); -1 drops it
     std::string overlay_dir;                  // where the disk's copy-on-write overlay lives
     std::optional<std::string> vsock_uds;     // host end of the guest's vsock (hybrid convention)
+    // The VM may be paused for live snapshots (Vm::pause): a restored one opens
+    // /proc/self/pagemap before the process is jailed, to find the pages it wrote.
+    bool live_snapshots = false;
     bool jail = true;                         // false: no seccomp filters (--no-jail, debugging)
     // The thread that calls Vm::run() is filtered too, once the vCPU threads have started: for
     // a process that does nothing but run this VM (the agentvm commands), not for tests.

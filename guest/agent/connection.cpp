@@ -171,6 +171,8 @@ void Connection::handle_line(std::string&& line)
         } else if (auto* resume = std::get_if<ResumeRequest>(&request.op)) {
             resume_guest(*resume);
             outbox_.send(to_line(Json{{"id", id}, {"ok", true}}));
+        } else if (std::holds_alternative<SnapshotRequest>(request.op)) {
+            throw CallError("unknown_op", "op \"snapshot\" is the host's: agentvm episode takes it, not the guest");
         } else {
             std::lock_guard lock(mutex_);
             close_requested_ = true;

@@ -319,6 +319,21 @@ TEST_CASE("resume requests carry the host time and 16-512 bytes of entropy")
           == "bad_field");
 }
 
+TEST_CASE("snapshot requests name a directory entry: letters, digits, '.', '_', '-', not starting with '.'")
+{
+    CHECK(std::get<SnapshotRequest>(parse_request(R"({"id":1,"op":"snapshot","name":"fork-1.a_b"})").op).name
+          == "fork-1.a_b");
+    CHECK(std::get<SnapshotRequest>(
+              parse_request(R"({"id":1,"op":"snapshot","name":")" + std::string(max_snapshot_name_bytes, 'x') + "\"}").op)
+              .name.size()
+          == max_snapshot_name_bytes);
+    for (const char* bad : {R"("")", R"(".hidden")", R"("..")", R"("a/b")", R"("a b")", R"("\u00e9")", "7", "null"})
+        CHECK_MESSAGE(error_code_of(std::string(R"({"id":1,"op":"snapshot","name":)") + bad + "}") == "bad_field", bad);
+    CHECK(error_code_of(R"({"id":1,"op":"snapshot","name":")" + std::string(max_snapshot_name_bytes + 1, 'x') + "\"}")
+          == "bad_field");
+    CHECK(error_code_of(R"({"id":1,"op":"snapshot"})") == "missing_field");
+}
+
 TEST_CASE("errors carry the request id once one could be read")
 {
     CHECK(id_of_error("garbage").is_null());

@@ -318,7 +318,7 @@ TEST_CASE_FIXTURE(Fixture, "a restored disk reads the snapshot's sectors from it
     CHECK(clone.plan_read(0, 6) == std::vector<E>{{0, 2, B}, {2, 2, L}, {4, 2, B}});
     CHECK(clone.is_written(70));
     CHECK(clone.overlay_byte_ranges().empty());
-    CHECK(clone.layer_byte_ranges() == Ranges{{2 * 512, 2 * 512}, {70 * 512, 512}});
+    CHECK(clone.layer_byte_ranges(0) == Ranges{{2 * 512, 2 * 512}, {70 * 512, 512}});
     std::vector<uint8_t> r(4 * 512);
     iovec rv{r.data(), r.size()};
     REQUIRE(run(loop, [&](auto done) { clone.read(loop, 1, {&rv, 1}, done); }) == 2048);
@@ -336,7 +336,7 @@ TEST_CASE_FIXTURE(Fixture, "a restored disk reads the snapshot's sectors from it
     CHECK(std::vector<uint8_t>(a.begin(), a.begin() + 512) == std::vector<uint8_t>(512, 0xa1));
     CHECK(std::vector<uint8_t>(a.begin() + 512, a.end()) == c);
     CHECK(clone.overlay_byte_ranges() == Ranges{{3 * 512, 512}, {10 * 512, 512}});
-    CHECK(clone.layer_byte_ranges() == Ranges{{2 * 512, 512}, {70 * 512, 512}});
+    CHECK(clone.layer_byte_ranges(0) == Ranges{{2 * 512, 512}, {70 * 512, 512}});
     // Its state is everything it holds, whichever file holds it.
     const CowDisk::State saved = clone.save();
     CHECK(saved.written[0] == ((1ull << 2) | (1ull << 3) | (1ull << 10)));
@@ -372,7 +372,7 @@ TEST_CASE_FIXTURE(Fixture, "a template's layer: its ranges read from the layer f
     using E = CowDisk::Extent;
     CHECK(disk.plan_read(3, 4) == std::vector<E>{{3, 1, CowDisk::Source::base}, {4, 2, CowDisk::Source::layer},
                                                  {6, 1, CowDisk::Source::base}});
-    CHECK(disk.layer_byte_ranges() == ranges);
+    CHECK(disk.layer_byte_ranges(0) == ranges);
     std::vector<uint8_t> r(512);
     iovec rv{r.data(), r.size()};
     REQUIRE(run(loop, [&](auto done) { disk.read(loop, 99, {&rv, 1}, done); }) == 512);
@@ -386,6 +386,54 @@ TEST_CASE_FIXTURE(Fixture, "a template's layer: its ranges read from the layer f
     CowDisk beyond(base_path, overlay_dir.path);
     CHECK_THROWS_WITH_AS(beyond.add_layer(layer(), Ranges{{99 * 512, 1024}}), doctest::Contains("leaves the disk"),
                          Error);
-    // Once only, on a fresh disk.
-    CHECK_THROWS_WITH_AS(disk.add_layer(layer(), ranges), doctest::Contains("fresh disk"), Error);
+    // Under an empty overlay only.
+    CowDisk written(base_path, overlay_dir.path);
+    written.mark_written(0, 1);
+    CHECK_THROWS_WITH_AS(written.add_layer(layer(), ranges), doctest::Contains("has been written"), Error);
+}
+
+TEST_CASE_FIXTURE(Fixture, "layers of layers: a sector reads from the topmost layer holding it")
+{
+    EventLoop loop;
+    using Ranges = std::vector<std::pair<uint64_t, uint64_t>>;
+    using E = CowDisk::Extent;
+    constexpr auto B = CowDisk::Source::base;
+    constexpr auto L = CowDisk::Source::layer;
+    constexpr auto O = CowDisk::Source::overlay;
+    // Layer 0 holds sectors 2-5 (0x10), layer 1 sectors 4-7 (0x11): a fork over a snapshot.
+    const auto make_layer = [&](const std::string& name, uint64_t first, uint64_t count, uint8_t fill) {
+        std::vector<uint8_t> file(sectors * 512, 0);
+        std::fill(file.begin() + first * 512, file.begin() + (first + count) * 512, fill);
+        write_bytes(dir.path + "/" + name, file);
+        return Fd(::open((dir.path + "/" + name).c_str(), O_RDONLY | O_CLOEXEC));
+    };
+    CowDisk disk(base_path, overlay_dir.path);
+    disk.add_layer(make_layer("layer0", 2, 4, 0x10), Ranges{{2 * 512, 4 * 512}});
+    disk.add_layer(make_layer("layer1", 4, 4, 0x11), Ranges{{4 * 512, 4 * 512}});
+    CHECK(disk.layer_count() == 2);
+    CHECK(disk.plan_read(1, 8) == std::vector<E>{{1, 1, B}, {2, 2, L, 0}, {4, 4, L, 1}, {8, 1, B}});
+    std::vector<uint8_t> r(8 * 512);
+    iovec rv{r.data(), r.size()};
+    REQUIRE(run(loop, [&](auto done) { disk.read(loop, 1, {&rv, 1}, done); }) == 8 * 512);
+    CHECK(std::vector<uint8_t>(r.begin(), r.begin() + 512) == base_sector(1));
+    CHECK(std::vector<uint8_t>(r.begin() + 512, r.begin() + 3 * 512) == std::vector<uint8_t>(2 * 512, 0x10));
+    CHECK(std::vector<uint8_t>(r.begin() + 3 * 512, r.begin() + 7 * 512) == std::vector<uint8_t>(4 * 512, 0x11));
+    CHECK(std::vector<uint8_t>(r.begin() + 7 * 512, r.end()) == base_sector(8));
+    // What each layer still provides, and what a snapshot stores: the union.
+    CHECK(disk.layer_byte_ranges(0) == Ranges{{2 * 512, 2 * 512}});
+    CHECK(disk.layer_byte_ranges(1) == Ranges{{4 * 512, 4 * 512}});
+    std::vector<uint8_t> w(512, 0xee);
+    iovec wv{w.data(), w.size()};
+    REQUIRE(run(loop, [&](auto done) { disk.write(loop, 5, {&wv, 1}, done); }) == 512);
+    CHECK(disk.plan_read(4, 3) == std::vector<E>{{4, 1, L, 1}, {5, 1, O}, {6, 1, L, 1}});
+    CHECK(disk.layer_byte_ranges(1) == Ranges{{4 * 512, 512}, {6 * 512, 2 * 512}});
+    CHECK(disk.overlay_byte_ranges() == Ranges{{5 * 512, 512}});
+    CHECK(disk.save().written[0] == 0xfcull);
+
+    // A chain has a bounded depth.
+    CowDisk deep(base_path, overlay_dir.path);
+    for (size_t i = 0; i < CowDisk::max_layers; ++i)
+        deep.add_layer(make_layer("deep", 0, 1, 1), Ranges{{0, 512}});
+    CHECK_THROWS_WITH_AS(deep.add_layer(make_layer("deep", 0, 1, 1), Ranges{{0, 512}}),
+                         doctest::Contains("layers already"), Error);
 }

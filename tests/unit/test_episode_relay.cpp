@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <functional>
 #include <cstdio>
 #include <optional>
 #include <string>
@@ -86,7 +87,8 @@ struct Harness {
     std::thread thread;
 
     explicit Harness(std::chrono::milliseconds grace = EpisodeRelay::watchdog_grace,
-                     std::optional<double> call_timeout_s = std::nullopt, std::string announcement = {})
+                     std::optional<double> call_timeout_s = std::nullopt, std::string announcement = {},
+                     EpisodeRelay::SnapshotHandler snapshot = nullptr)
     {
         int fds[2];
         REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) == 0);
@@ -98,6 +100,8 @@ struct Harness {
                           loop.stop();
                       },
                       grace, call_timeout_s);
+        if (snapshot)
+            relay->on_snapshot(std::move(snapshot));
         relay->start(Fd(fds[0]), std::move(announcement));
         thread = std::thread([this] { loop.run(); });
     }
@@ -441,6 +445,49 @@ TEST_CASE("a harness cannot send resume: it is answered unknown_op and never rea
     // The first line the agent ever sees is the request after it.
     h.request(R"({"id":1,"op":"close"})");
     CHECK(h.agent_reads() == R"({"id":1,"op":"close"})");
+}
+
+TEST_CASE("snapshot is the host's op: refused without --snapshot-dir, else answered by the episode, never by the agent")
+{
+    {
+        Harness h;
+        h.request(R"({"id":"s","op":"snapshot","name":"fork-1"})");
+        const json refused = json::parse(h.response());
+        CHECK(refused["id"] == "s");
+        CHECK(refused["error"]["code"] == "unavailable");
+        CHECK(refused["error"]["message"].get<std::string>().find("--snapshot-dir") != std::string::npos);
+        h.request(R"({"id":"n","op":"snapshot","name":"../up"})");
+        CHECK(error_of(h.response())["code"] == "bad_field");
+        h.request(R"({"id":1,"op":"close"})");
+        CHECK(h.agent_reads() == R"({"id":1,"op":"close"})");
+    }
+    std::vector<std::string> names;
+    std::function<void(Json)> unanswered;
+    Harness h(EpisodeRelay::watchdog_grace, std::nullopt, {},
+              [&](const std::string& name, std::function<void(Json)> answer) {
+                  names.push_back(name);
+                  if (name == "never")
+                      unanswered = std::move(answer);
+                  else
+                      answer(Json{{"snapshot", {{"path", "/s/" + name}}}});
+              });
+    h.request(R"({"id":7,"op":"snapshot","name":"fork-1"})");
+    CHECK(h.response() == R"({"id":7,"snapshot":{"path":"/s/fork-1"}})");
+    // An unanswered one is pending like any call: its id is taken, and it gets an error when
+    // the episode ends.
+    h.request(R"({"id":8,"op":"snapshot","name":"never"})");
+    h.request(R"({"id":8,"op":"exec","argv":["true"]})");
+    CHECK(error_of(h.response())["message"].get<std::string>().find("already used") != std::string::npos);
+    h.request(R"({"id":9,"op":"exec","argv":["true"]})");
+    CHECK(h.agent_reads() == R"({"id":9,"op":"exec","argv":["true"]})");
+    h.agent.reset();
+    h.wait_end();
+    CHECK(names == std::vector<std::string>{"fork-1", "never"});
+    h.relay->stop_output();
+    CHECK(h.relay->fail_pending("vm_died", "gone") == 2);
+    h.relay->flush_output();
+    CHECK(json::parse(h.response())["id"] == 8);
+    CHECK(json::parse(h.response())["id"] == 9);
 }
 
 TEST_CASE("a request whose id is longer than the relay tracks is refused")

@@ -122,3 +122,72 @@ TEST_CASE("a snapshot memory file of the wrong size is refused")
     CHECK_THROWS_WITH(GuestMemory::from_snapshot(std::move(file), 8 << 20, "short"),
                       doctest::Contains("truncated"));
 }
+
+TEST_CASE("a restored guest's own pages: found through pagemap, saved as a layer, mapped over the base")
+{
+    const uint64_t ram = 8 << 20;
+    const uint64_t page = 4096;
+    GuestMemory booted(ram);
+    booted.write_obj<uint64_t>(0, 1);
+    booted.write_obj<uint64_t>(5 * page, 5);
+    Fd base = temp_file();
+    booted.save_to(base.get());
+    Fd pagemap(::open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC));
+    REQUIRE(pagemap);
+
+    // RAM of its own (a memfd) has no snapshot below to tell its pages apart from.
+    CHECK_THROWS_WITH_AS(booted.private_pages(pagemap.get()), doctest::Contains("not mapped from a snapshot"), Error);
+
+    GuestMemory parent = GuestMemory::from_snapshot(Fd(::dup(base.get())), ram, "base");
+    // Read pages, whether from the file or its holes, stay the file's.
+    CHECK(parent.read_obj<uint64_t>(5 * page) == 5);
+    CHECK(parent.read_obj<uint64_t>(9 * page) == 0);
+    CHECK(parent.private_pages(pagemap.get()).empty());
+    // Written pages become the process's own; page 11 is written with zeros.
+    parent.write_obj<uint64_t>(5 * page, 55);
+    parent.write_obj<uint64_t>(6 * page, 66);
+    parent.write_obj<uint64_t>(11 * page, 0);
+    parent.write_obj<uint64_t>(ram - 8, 77);
+    const std::vector<IndexRun> own = parent.private_pages(pagemap.get());
+    CHECK(own == std::vector<IndexRun>{{5, 2}, {11, 1}, {ram / page - 1, 1}});
+
+    // The layer stores their data (the zero page as a hole) at their offsets.
+    Fd layer = temp_file();
+    CHECK(parent.save_pages_to(layer.get(), own) == 3 * page);
+    struct stat st {};
+    REQUIRE(::fstat(layer.get(), &st) == 0);
+    CHECK(static_cast<uint64_t>(st.st_size) == ram);
+
+    // A child maps the base, then the layer's runs over it: every byte is the parent's.
+    std::vector<MemoryLayer> layers;
+    layers.push_back({Fd(::dup(layer.get())), own});
+    GuestMemory child = GuestMemory::from_snapshot(Fd(::dup(base.get())), ram, "base", std::move(layers));
+    CHECK(child.read_obj<uint64_t>(0) == 1);
+    CHECK(child.read_obj<uint64_t>(5 * page) == 55);
+    CHECK(child.read_obj<uint64_t>(6 * page) == 66);
+    CHECK(child.read_obj<uint64_t>(11 * page) == 0);
+    CHECK(child.read_obj<uint64_t>(ram - 8) == 77);
+    // Nothing is the child's own until it writes; its writes reach neither file.
+    CHECK(child.private_pages(pagemap.get()).empty());
+    child.write_obj<uint64_t>(6 * page, 600);
+    CHECK(child.private_pages(pagemap.get()) == std::vector<IndexRun>{{6, 1}});
+    GuestMemory sibling = GuestMemory::from_snapshot(Fd(::dup(base.get())), ram, "base",
+                                                     [&] {
+                                                         std::vector<MemoryLayer> l;
+                                                         l.push_back({Fd(::dup(layer.get())), own});
+                                                         return l;
+                                                     }());
+    CHECK(sibling.read_obj<uint64_t>(6 * page) == 66);
+
+    // A layer's runs must lie inside RAM, and its file be RAM's size.
+    std::vector<MemoryLayer> outside;
+    outside.push_back({Fd(::dup(layer.get())), {{ram / page - 1, 2}}});
+    CHECK_THROWS_WITH_AS(GuestMemory::from_snapshot(Fd(::dup(base.get())), ram, "base", std::move(outside)),
+                         doctest::Contains("outside"), Error);
+    Fd small = temp_file();
+    REQUIRE(::ftruncate(small.get(), 4096) == 0);
+    std::vector<MemoryLayer> short_layer;
+    short_layer.push_back({std::move(small), {{0, 1}}});
+    CHECK_THROWS_WITH_AS(GuestMemory::from_snapshot(Fd(::dup(base.get())), ram, "base", std::move(short_layer)),
+                         doctest::Contains("truncated"), Error);
+}

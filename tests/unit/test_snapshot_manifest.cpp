@@ -95,3 +95,29 @@ TEST_CASE("another format, a missing field or no JSON at all is refused")
     CHECK_THROWS_WITH_AS(decode_manifest(std::span(reinterpret_cast<const uint8_t*>(text.data()), text.size()), limits),
                          doctest::Contains("malformed manifest"), Error);
 }
+
+TEST_CASE("a live snapshot's parent: an absolute dir, a SHA-256 and a depth within the limit")
+{
+    const std::string digest(64, 'a');
+    const json parent = {{"dir", "/var/lib/agentvm/s1"}, {"manifest_digest", digest}, {"depth", 2}};
+    const SnapshotManifest m = decode(with("parent", parent));
+    REQUIRE(m.parent.has_value());
+    CHECK(m.parent->dir == "/var/lib/agentvm/s1");
+    CHECK(m.parent->manifest_digest == digest);
+    CHECK(m.parent->depth == 2);
+    CHECK_FALSE(decode(good()).parent.has_value());
+
+    const auto refused = [&](const char* field, const json& value) {
+        json p = parent;
+        p[field] = value;
+        return refusal(with("parent", p));
+    };
+    CHECK(refused("dir", "relative/s1").find("not an absolute path") != std::string::npos);
+    CHECK(refused("dir", "").find("not an absolute path") != std::string::npos);
+    CHECK(refused("manifest_digest", "abc").find("not a SHA-256") != std::string::npos);
+    CHECK(refused("manifest_digest", std::string(64, 'G')).find("not a SHA-256") != std::string::npos);
+    CHECK(refused("depth", 0).find("depth 0 is out of range") != std::string::npos);
+    CHECK(refused("depth", max_snapshot_depth + 1).find("is out of range") != std::string::npos);
+    CHECK(refused("dir", 7).find("malformed manifest") != std::string::npos);
+    CHECK(refusal(with("parent", "s1")).find("malformed manifest") != std::string::npos);
+}

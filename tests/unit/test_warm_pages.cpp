@@ -51,6 +51,21 @@ TEST_CASE("page runs go to JSON and back; malformed ones are refused")
     }
 }
 
+TEST_CASE("runs merge across small gaps, then wider ones until few enough remain")
+{
+    using Runs = std::vector<IndexRun>;
+    const Runs runs{{0, 2}, {3, 1}, {10, 1}, {30, 2}, {100, 1}};
+    CHECK(merge_runs(runs, 0, 100) == runs);
+    CHECK(merge_runs(Runs{{0, 2}, {2, 1}}, 0, 100) == Runs{{0, 3}});  // adjacent ones always
+    CHECK(merge_runs(runs, 1, 100) == Runs{{0, 4}, {10, 1}, {30, 2}, {100, 1}});
+    CHECK(merge_runs(runs, 6, 100) == Runs{{0, 11}, {30, 2}, {100, 1}});
+    // At most 2: gaps of 1, 2, 4, ... 32 are closed in turn, until 2 runs are left.
+    CHECK(merge_runs(runs, 1, 2) == Runs{{0, 32}, {100, 1}});
+    CHECK(merge_runs(runs, 0, 1) == Runs{{0, 101}});
+    CHECK(merge_runs(runs, 0, 0) == Runs{{0, 101}});
+    CHECK(merge_runs(Runs{}, 16, 4).empty());
+}
+
 TEST_CASE("warm pages of snapshot memory become private copies, with the file's content")
 {
     Fd file(::open("/tmp", O_TMPFILE | O_RDWR | O_CLOEXEC, 0600));

@@ -1,0 +1,244 @@
+#!/usr/bin/env python3
+"""Live snapshots of running episodes with a real guest: fork one into four, a fork of a fork,
+five pause/resume cycles, and the faults (a changed or missing parent, a name in use, a full
+disk, an episode without --snapshot-dir).
+
+usage: fork_check.py AGENTVM_BINARY
+Works in a temporary directory (removed at the end). Prints "ok <case>: <what was seen>" or
+"FAIL <case>: <why>" per case; exits non-zero if any failed.
+"""
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+from checks import expect, run_case
+from episode_client import Episode, EpisodeError
+
+AGENTVM = sys.argv[1]
+WORK = tempfile.mkdtemp(prefix="agentvm-fork-")
+SNAPS = os.path.join(WORK, "snaps")
+os.mkdir(SNAPS)
+CHILDREN = 4
+# A background job of the persistent shell: appends a rising count every 100 ms.
+COUNTER = "sh -c 'i=0; while :; do i=$((i+1)); echo $i >> /work/counter; sleep 0.1; done' >/dev/null 2>&1 &"
+
+
+def ok(answer, what):
+    expect("error" not in answer, f"{what}: {answer}")
+    return answer
+
+
+def shell(ep, cmd):
+    answer = ok(ep.call({"op": "shell", "cmd": cmd}), cmd)
+    expect(answer.get("exit_code") == 0, f"{cmd}: {answer}")
+    return answer["stdout"]
+
+
+def python(ep, code):
+    return ok(ep.call({"op": "run_code", "code": code}), code)
+
+
+def snapshot(ep, name):
+    answer = ep.call({"op": "snapshot", "name": name})
+    expect("snapshot" in answer, f"snapshot {name}: {answer}")
+    return answer["snapshot"]
+
+
+def counter(ep):
+    return int(shell(ep, "tail -n 1 /work/counter").strip() or 0)
+
+
+def counting(ep):
+    """The counter job runs: its count rises within half a second."""
+    first = counter(ep)
+    time.sleep(0.5)
+    second = counter(ep)
+    expect(second > first, f"the counter stood still: {first} then {second}")
+    return second
+
+
+def start_parent(*args):
+    ep = Episode(AGENTVM, "--snapshot-dir", SNAPS, *args)
+    shell(ep, "mkdir -p /work && echo parent-file > /work/file && cd /work && export FORKVAR=parent-var")
+    shell(ep, COUNTER)
+    python(ep, "x = 41\nimport hashlib")
+    return ep
+
+
+def child_state(ep):
+    """What a fork child must have kept of its parent: file, cwd, variable, job, interpreter."""
+    seen = shell(ep, "cat /work/file; pwd; echo $FORKVAR; jobs | wc -l").split()
+    expect(seen == ["parent-file", "/work", "parent-var", "1"], f"shell state {seen}")
+    counting(ep)
+    value = python(ep, "x + 1")
+    expect(value.get("result") == "42", f"interpreter: {value}")
+    return seen
+
+
+def fork_children():
+    parent = start_parent()
+    children = []
+    try:
+        counting(parent)
+        taken = snapshot(parent, "s1")
+        expect(taken["path"] == os.path.join(SNAPS, "s1"), f"path {taken}")
+        # The parent runs on, unchanged.
+        child_state(parent)
+        children = [Episode(AGENTVM, "--snapshot", taken["path"]) for _ in range(CHILDREN)]
+        uuids, randoms = set(), set()
+        for i, child in enumerate(children):
+            child_state(child)
+            shell(child, f"echo child-{i} > /work/mine")
+            uuids.add(shell(child, "cat /proc/sys/kernel/random/uuid").strip())
+            randoms.add(python(child, "import os\nos.urandom(16).hex()")["result"])
+            guest = float(shell(child, "date +%s.%N"))
+            expect(abs(guest - time.time()) < 3, f"child {i}'s clock is {guest - time.time():+.1f} s off")
+        expect(len(uuids) == CHILDREN and len(randoms) == CHILDREN, f"shared randomness: {uuids} {randoms}")
+        for i, child in enumerate(children):
+            mine = shell(child, "cat /work/mine").strip()
+            expect(mine == f"child-{i}", f"child {i} reads {mine!r}: the children's writes are not their own")
+        expect(shell(parent, "cat /work/mine 2>/dev/null || echo none").strip() == "none",
+               "a child's write reached the parent")
+        return (f"parent paused {taken['pause_ms']:.1f} ms, stored {taken['memory_bytes'] >> 10} KiB memory and "
+                f"{taken['disk_bytes'] >> 10} KiB disk; {CHILDREN} children kept file, cwd, variable, counting job "
+                f"and interpreter, wrote their own files, drew distinct uuids and random bytes, and had the "
+                f"host's clock")
+    finally:
+        for ep in children + [parent]:
+            ep.kill()
+
+
+def fork_of_fork():
+    parent = start_parent()
+    try:
+        first = snapshot(parent, "f1")
+    finally:
+        parent.kill()
+    child = Episode(AGENTVM, "--snapshot", first["path"], "--snapshot-dir", SNAPS)
+    try:
+        child_state(child)
+        shell(child, "echo second > /work/second && export SECOND=2")
+        python(child, "y = x * 2")
+        second = snapshot(child, "f2")
+    finally:
+        child.kill()
+    grandchild = Episode(AGENTVM, "--snapshot", second["path"])
+    try:
+        child_state(grandchild)
+        seen = shell(grandchild, "cat /work/second; echo $SECOND").split()
+        expect(seen == ["second", "2"], f"the second layer's shell state: {seen}")
+        expect(python(grandchild, "y").get("result") == "82", "the second layer's interpreter state")
+    finally:
+        grandchild.kill()
+    return (f"a fork of a fork ({first['memory_bytes'] >> 10} KiB, then {second['memory_bytes'] >> 10} KiB of "
+            f"memory) kept both layers' files, variables, job and interpreter")
+
+
+def pause_resume_cycles():
+    ep = start_parent()
+    sizes = []
+    try:
+        for cycle in range(1, 6):
+            shell(ep, f"echo {cycle} >> /work/cycles && export CYCLE{cycle}={cycle}")
+            python(ep, f"c{cycle} = {cycle}")
+            taken = snapshot(ep, f"p{cycle}")
+            sizes.append(taken["memory_bytes"] >> 10)
+            ep.close_stdin()
+            expect(ep.wait(60) == 0, f"the episode paused in cycle {cycle} did not end cleanly")
+            ep = Episode(AGENTVM, "--snapshot", taken["path"], "--snapshot-dir", SNAPS)
+            child_state(ep)
+            seen = shell(ep, "cat /work/cycles | tr '\\n' ' '; " +
+                         "; ".join(f"echo $CYCLE{i}" for i in range(1, cycle + 1))).split()
+            want = [str(i) for i in range(1, cycle + 1)] * 2
+            expect(seen == want, f"cycle {cycle}: shell state {seen}, want {want}")
+            values = python(ep, "[" + ", ".join(f"c{i}" for i in range(1, cycle + 1)) + "]").get("result")
+            expect(values == str(list(range(1, cycle + 1))), f"cycle {cycle}: interpreter {values}")
+    finally:
+        ep.kill()
+    return f"5 pause/resume cycles lost nothing; each stored {sizes} KiB of memory"
+
+
+def refused(*args):
+    r = subprocess.run([AGENTVM, "episode", *args], input=b'{"id":1,"op":"shell","cmd":"true"}\n',
+                       capture_output=True, timeout=300)
+    return r.returncode, r.stderr.decode(errors="replace")
+
+
+def broken_chains():
+    parent = start_parent()
+    try:
+        first = snapshot(parent, "b1")
+    finally:
+        parent.kill()
+    child = Episode(AGENTVM, "--snapshot", first["path"], "--snapshot-dir", SNAPS)
+    try:
+        second = snapshot(child, "b2")
+    finally:
+        child.kill()
+    manifest = os.path.join(first["path"], "manifest.json")
+    original = open(manifest, "rb").read()
+    with open(manifest, "wb") as f:
+        f.write(original.replace(b'"vcpus": 1', b'"vcpus":  1'))
+    code, err = refused("--snapshot", second["path"])
+    expect(code != 0 and "altered or replaced" in err and first["path"] in err, f"altered parent: {code} {err[-600:]}")
+    shutil.rmtree(first["path"])
+    code, err = refused("--snapshot", second["path"])
+    expect(code != 0 and "missing" in err and first["path"] in err, f"missing parent: {code} {err[-600:]}")
+    return "a parent altered since, then deleted, is refused naming it"
+
+
+def snapshot_faults():
+    ep = start_parent()
+    seen = []
+    try:
+        snapshot(ep, "taken")
+        again = ep.call({"op": "snapshot", "name": "taken"})
+        expect(again.get("error", {}).get("code") == "snapshot_failed" and "already exists" in again["error"]["message"],
+               f"a name in use: {again}")
+        seen.append("a name in use refused")
+        full = os.path.join(SNAPS, "full")
+        os.mkdir(full)
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", full], check=True)
+        try:
+            # The jailed VMM sees the directory as it was when it started; a fresh episode sees the mount.
+            small = Episode(AGENTVM, "--snapshot-dir", full)
+            try:
+                shell(small, "head -c 8M /dev/urandom > /tmp/noise")
+                answer = small.call({"op": "snapshot", "name": "s"})
+                expect(answer.get("error", {}).get("code") == "snapshot_failed", f"a full disk: {answer}")
+                expect(os.listdir(full) == [], f"left behind on the full disk: {os.listdir(full)}")
+                expect(shell(small, "echo alive").strip() == "alive", "the VM did not run on after the failure")
+                seen.append(f"a full disk failed cleanly ({answer['error']['message'][:80]}), nothing left, VM runs on")
+            finally:
+                small.kill()
+        finally:
+            subprocess.run(["umount", full], check=False)
+    finally:
+        ep.kill()
+    plain = Episode(AGENTVM)
+    try:
+        answer = plain.call({"op": "snapshot", "name": "s"})
+        expect(answer.get("error", {}).get("code") == "unavailable", f"without --snapshot-dir: {answer}")
+        seen.append("refused without --snapshot-dir")
+    finally:
+        plain.kill()
+    return "; ".join(seen)
+
+
+def main():
+    results = [
+        run_case("fork_children", fork_children, expected=(EpisodeError,)),
+        run_case("fork_of_fork", fork_of_fork, expected=(EpisodeError,)),
+        run_case("pause_resume_cycles", pause_resume_cycles, expected=(EpisodeError,)),
+        run_case("broken_chains", broken_chains, expected=(EpisodeError,)),
+        run_case("snapshot_faults", snapshot_faults, expected=(EpisodeError,)),
+    ]
+    shutil.rmtree(WORK, ignore_errors=True)
+    sys.exit(0 if all(results) else 1)
+
+
+if __name__ == "__main__":
+    main()
