@@ -89,6 +89,14 @@ int main(int argc, char** argv)
     app.add_flag("--pool-warmup", config.sandboxes.pool_warmup,
                  "run one call in each pool VM before it counts as ready: faster first calls, a little more "
                  "memory per warm VM");
+    config.sandboxes.state_dir = "/var/lib/agentvm/serve";
+    app.add_option("--state-dir", config.sandboxes.state_dir,
+                   "where live snapshots and paused sandboxes are kept, across restarts (one serve per directory)")
+        ->capture_default_str();
+    double paused_retention_s = static_cast<double>(config.sandboxes.paused_retention.count());
+    app.add_option("--paused-retention", paused_retention_s, "seconds a paused sandbox is kept before it is removed")
+        ->capture_default_str()
+        ->check(CLI::Range(1.0, 10.0 * 365 * 86400));
     app.add_option("--history", config.sandboxes.history_limit, "calls each sandbox's history keeps (the latest)")
         ->capture_default_str()
         ->check(CLI::Range(1u, 100000u));
@@ -105,6 +113,10 @@ int main(int argc, char** argv)
     try {
         setup_logging(log_level);
         config.drain_grace = std::chrono::seconds(drain_grace_s);
+        config.sandboxes.paused_retention = std::chrono::seconds(static_cast<int64_t>(paused_retention_s));
+        if (config.sandboxes.state_dir.empty())
+            throw Error("--state-dir must name a directory");
+        config.sandboxes.state_dir = std::filesystem::absolute(config.sandboxes.state_dir).lexically_normal().string();
         config.sandboxes.program = (std::filesystem::read_symlink("/proc/self/exe").parent_path() / "agentvm").string();
         if (pools.empty())
             pools.push_back("default=2");

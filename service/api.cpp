@@ -120,6 +120,8 @@ void ServiceApi::route(const std::shared_ptr<HttpExchange>& exchange)
         Json list = Json::array();
         for (const auto& sandbox : manager_.sandboxes())
             list.push_back(sandbox->describe());
+        for (const PausedSandbox* paused : manager_.paused())
+            list.push_back(SandboxManager::describe_paused(*paused));
         return exchange->respond(200, json_text(Json{{"sandboxes", std::move(list)}}));
     }
     if (path.starts_with(std::string(sandboxes_prefix) + "/")) {
@@ -150,6 +152,8 @@ void ServiceApi::sandbox_request(const std::shared_ptr<HttpExchange>& exchange, 
                                  const std::string& action)
 {
     std::shared_ptr<Sandbox> sandbox = manager_.find(id);
+    if (!sandbox && manager_.find_paused(id))
+        return paused_request(exchange, id, action);
     if (!sandbox) {
         if (auto reason = manager_.ended_reason(id))
             throw ApiError(404, "not_found", fmt::format("sandbox {} has ended ({})", id, *reason));
@@ -199,7 +203,61 @@ void ServiceApi::sandbox_request(const std::shared_ptr<HttpExchange>& exchange, 
         require_method(*exchange, "GET");
         return exchange->respond(200, json_text(sandbox->history().to_json()));
     }
+    if (action == "fork") {
+        require_method(*exchange, "POST");
+        const Json body = exchange->body().empty() ? Json::object() : json_body(*exchange);
+        const Json count = body.value("count", Json(1));
+        if (body.size() > (body.contains("count") ? 1u : 0u) || !count.is_number_unsigned() || count.get<uint64_t>() == 0 ||
+            count.get<uint64_t>() > max_fork_count)
+            throw ApiError(400, "bad_field", fmt::format("the body is {{\"count\": N}}, N from 1 to {}", max_fork_count));
+        return manager_.fork(*sandbox, count.get<unsigned>(),
+                             [exchange](const std::vector<Sandbox*>& children, const Refusal* refusal) {
+                                 if (refusal)
+                                     return exchange->respond_error(refusal->status, refusal->code, refusal->message,
+                                                                    refusal->retry_after_s);
+                                 Json list = Json::array();
+                                 for (Sandbox* child : children)
+                                     list.push_back(child->describe());
+                                 exchange->respond(201, json_text(Json{{"sandboxes", std::move(list)}}));
+                             });
+    }
+    if (action == "pause") {
+        require_method(*exchange, "POST");
+        return manager_.pause(*sandbox, [exchange](const PausedSandbox* paused, const Refusal* refusal) {
+            if (refusal)
+                return exchange->respond_error(refusal->status, refusal->code, refusal->message, refusal->retry_after_s);
+            exchange->respond(200, json_text(SandboxManager::describe_paused(*paused)));
+        });
+    }
+    if (action == "resume")
+        throw ApiError(409, "not_paused", fmt::format("sandbox {} is running, not paused", id));
     throw ApiError(404, "not_found", fmt::format("no such endpoint: {} {}", method, exchange->path()));
+}
+
+void ServiceApi::paused_request(const std::shared_ptr<HttpExchange>& exchange, const std::string& id,
+                                const std::string& action)
+{
+    const PausedSandbox& paused = *manager_.find_paused(id);
+    if (action.empty()) {
+        if (exchange->method() == "GET")
+            return exchange->respond(200, json_text(SandboxManager::describe_paused(paused)));
+        require_method(*exchange, "DELETE");
+        Json answer = SandboxManager::describe_paused(paused);
+        answer["state"] = "deleted";
+        manager_.remove_paused(id, "deleted");
+        return exchange->respond(200, json_text(answer));
+    }
+    if (action == "resume") {
+        require_method(*exchange, "POST");
+        return manager_.resume(id, [exchange](Sandbox* sandbox, const Refusal* refusal) {
+            if (refusal)
+                return exchange->respond_error(refusal->status, refusal->code, refusal->message, refusal->retry_after_s);
+            if (exchange->gone())
+                return;  // resumed all the same: it runs under its id
+            exchange->respond(200, json_text(sandbox->describe()));
+        });
+    }
+    throw ApiError(409, "paused", fmt::format("sandbox {} is paused: resume it first (POST /v1/sandboxes/{}/resume)", id, id));
 }
 
 void ServiceApi::call(const std::shared_ptr<HttpExchange>& exchange, const std::shared_ptr<Sandbox>& sandbox,

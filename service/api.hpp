@@ -22,6 +22,8 @@ public:
 private:
     void route(const std::shared_ptr<HttpExchange>& exchange);
     void create(const std::shared_ptr<HttpExchange>& exchange);
+    void paused_request(const std::shared_ptr<HttpExchange>& exchange, const std::string& id,
+                        const std::string& action);
     void sandbox_request(const std::shared_ptr<HttpExchange>& exchange, const std::string& id,
                          const std::string& action);
     void call(const std::shared_ptr<HttpExchange>& exchange, const std::shared_ptr<Sandbox>& sandbox,

@@ -57,6 +57,7 @@ public:
     };
     void assign(Settings settings);
     bool assigned() const { return !settings_.id.empty(); }
+    const Settings& settings() const { return settings_; }
 
     // Starts a call; `summary` is what its history entry records of the request (none: the
     // call is part of one the caller records itself). Returns the call's number, for forget().

@@ -48,6 +48,8 @@ SandboxManager::SandboxManager(EventLoop& loop, ManagerConfig config)
       })
 {
     cpu_weights_ = cpu_weights_supported();
+    if (!config_.state_dir.empty())
+        store_.emplace(config_.state_dir);
     for (const PoolConfig& pool : config_.pools)
         pools_[pool.name].config = pool;
     refill();
@@ -99,6 +101,8 @@ std::string SandboxManager::new_id() const
 SandboxManager::Vm& SandboxManager::start_vm(Pool& pool, bool for_pool)
 {
     std::vector<std::string> args = pool.config.episode_args;
+    if (store_)
+        args.insert(args.end(), {"--snapshot-dir", store_->snapshots_dir()});
     if (for_pool && cpu_weights_)
         args.insert(args.end(), {"--cpu-weight", std::to_string(pool_cpu_weight)});
     auto sandbox = std::make_shared<Sandbox>(
@@ -189,7 +193,8 @@ void SandboxManager::create(const std::string& pool_name, Sandbox::Settings sett
 
 void SandboxManager::hand_out(Vm& vm, Sandbox::Settings settings, Sandbox::Clock::time_point requested, bool warm)
 {
-    settings.id = new_id();
+    if (settings.id.empty())  // a resumed sandbox keeps its id
+        settings.id = new_id();
     settings.warm = warm;
     settings.create_time = std::chrono::duration_cast<std::chrono::milliseconds>(Sandbox::Clock::now() - requested);
     create_latency_.observe(seconds_since(requested));
@@ -281,6 +286,8 @@ void SandboxManager::on_exit(Sandbox& sandbox, const std::string& why)
             remember_end(sandbox.id(), "vm_died: " + why);
         }
     }
+    if (!vm.origin.empty())
+        store_->release(vm.origin);
     graveyard_.push_back(std::move(vm.sandbox));
     bury_timer_.arm(std::chrono::nanoseconds(1));
     if (draining_)
@@ -322,6 +329,17 @@ void SandboxManager::sweep()
     for (auto& [sandbox, why] : expired) {
         ++failures_[why == "timeout" ? "lifetime" : "idle"];
         remove(*sandbox, why);
+    }
+    if (store_) {
+        const int64_t wall = std::chrono::duration_cast<std::chrono::seconds>(
+                                 std::chrono::system_clock::now().time_since_epoch())
+                                 .count();
+        std::vector<std::string> past;
+        for (const auto& [id, record] : store_->paused())
+            if (record.retain_until <= wall && !resuming_.contains(id))
+                past.push_back(id);
+        for (const std::string& id : past)
+            remove_paused(id, "paused past its retention (--paused-retention)");
     }
     for (auto& [pointer, vm] : vms_)
         vm.sandbox->kill_if_overdue(now);
@@ -394,6 +412,267 @@ void SandboxManager::check_drained()
         drained_ = nullptr;
         done();
     }
+}
+
+SandboxManager::Pool& SandboxManager::restore_pool(const std::string& snapshot, const std::string& name)
+{
+    Pool& pool = restore_pools_[snapshot];
+    pool.config.name = name;
+    pool.config.episode_args = {"--snapshot", snapshot};
+    return pool;
+}
+
+std::optional<Refusal> SandboxManager::admit_restores(unsigned count)
+{
+    if (!store_)
+        return Refusal{501, "unavailable", "this serve keeps no snapshots (it was started without --state-dir)",
+                       std::nullopt};
+    if (draining_)
+        return Refusal{503, "draining", "serve is shutting down", std::nullopt};
+    if (live_vms() + count > config_.max_sandboxes)
+        return Refusal{429, "at_capacity",
+                       fmt::format("{} VMs are running and {} more would pass --max-sandboxes {}", live_vms(), count,
+                                   config_.max_sandboxes),
+                       1};
+    const uint64_t available = host_available_mib();
+    if (available < config_.mem_reserve_mib)
+        return Refusal{503, "memory_reserve",
+                       fmt::format("the host has {} MiB available, under the {} MiB reserve (--mem-reserve)",
+                                   available, config_.mem_reserve_mib),
+                       5};
+    return std::nullopt;
+}
+
+void SandboxManager::take_snapshot(Sandbox& sandbox, const std::string& kind,
+                                   std::function<void(const std::string& path, const std::string& error)> done)
+{
+    // Unique across serve's restarts too: a resumed sandbox's snapshot is still there.
+    const auto now_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                            std::chrono::system_clock::now().time_since_epoch())
+                            .count();
+    const std::string name = fmt::format("{}-{}-{}-{}", kind, sandbox.id(), now_ns, ++snapshots_taken_);
+    const Json request{{"op", "snapshot"}, {"name", name}};
+    sandbox.call(request, request,
+                 CallHandlers{[](Json&&) {}, [this, done = std::move(done)](Json&& answer) {
+                                  if (!answer.contains("snapshot")) {
+                                      const Json& error = answer.contains("error") ? answer["error"] : answer;
+                                      return done("", error.is_object() ? error.value("message", error.dump())
+                                                                        : error.dump());
+                                  }
+                                  const std::string path = answer["snapshot"].value("path", "");
+                                  if (!store_->owns(path))
+                                      return done("", "the episode wrote its snapshot elsewhere: " + path);
+                                  store_->adopt(path);
+                                  done(path, "");
+                              }});
+}
+
+void SandboxManager::fork(Sandbox& parent, unsigned count, ForkDone done)
+{
+    if (auto refusal = admit_restores(count))
+        return done({}, &*refusal);
+    Sandbox::Settings base = parent.settings();
+    base.id.clear();
+    const std::string pool_name = parent.pool();
+    take_snapshot(parent, "fork", [this, count, base, pool_name, done = std::move(done)](const std::string& path,
+                                                                                       const std::string& error) {
+        if (path.empty()) {
+            const Refusal refusal{500, "snapshot_failed", "the parent's live snapshot failed: " + error, std::nullopt};
+            return done({}, &refusal);
+        }
+        if (auto refusal = admit_restores(count)) {
+            store_->hold(path);
+            store_->release(path);
+            return done({}, &*refusal);
+        }
+        struct Batch {
+            unsigned waiting;
+            std::vector<std::weak_ptr<Sandbox>> children;
+            std::optional<Refusal> refusal;
+            ForkDone done;
+        };
+        auto batch = std::make_shared<Batch>(Batch{count, {}, std::nullopt, done});
+        Pool& pool = restore_pool(path, pool_name);
+        const auto requested = Sandbox::Clock::now();
+        // Held from the start, so that a child failing before the others have started does
+        // not take the snapshot with it.
+        store_->hold(path);
+        for (unsigned i = 0; i < count; ++i) {
+            Vm* vm = nullptr;
+            try {
+                vm = &start_vm(pool, false);
+            } catch (const Error& e) {
+                batch->refusal = Refusal{500, "start_failed", e.what(), std::nullopt};
+                batch->waiting -= count - i;
+                break;
+            }
+            store_->hold(path);
+            vm->origin = path;
+            vm->settings = base;
+            vm->requested = requested;
+            vm->waiting = [this, batch](Sandbox* sandbox, const Refusal* refusal) {
+                if (sandbox)
+                    batch->children.push_back(vms_.at(sandbox).sandbox);
+                else if (!batch->refusal)
+                    batch->refusal = *refusal;
+                if (--batch->waiting > 0)
+                    return;
+                std::vector<Sandbox*> ready;
+                for (const auto& weak : batch->children)
+                    if (auto child = weak.lock(); child && !child->stopping())
+                        ready.push_back(child.get());
+                if (batch->refusal) {
+                    for (Sandbox* child : ready)
+                        remove(*child, "a sibling of its fork failed to start");
+                    return batch->done({}, &*batch->refusal);
+                }
+                spdlog::info("forked {} sandboxes", ready.size());
+                batch->done(ready, nullptr);
+            };
+        }
+        store_->release(path);
+        if (batch->waiting == 0) {
+            std::vector<Sandbox*> none;
+            batch->done(none, &*batch->refusal);
+        }
+    });
+}
+
+void SandboxManager::pause(Sandbox& sandbox, PauseDone done)
+{
+    if (!store_) {
+        const Refusal refusal{501, "unavailable", "this serve keeps no snapshots (it was started without --state-dir)",
+                              std::nullopt};
+        return done(nullptr, &refusal);
+    }
+    if (sandbox.running_calls() > 0) {
+        const Refusal refusal{409, "busy",
+                              fmt::format("{} call(s) are running: a paused sandbox would lose their answers; pause "
+                                          "between calls",
+                                          sandbox.running_calls()),
+                              std::nullopt};
+        return done(nullptr, &refusal);
+    }
+    std::weak_ptr<Sandbox> weak = vms_.at(&sandbox).sandbox;
+    take_snapshot(sandbox, "pause", [this, weak, done = std::move(done)](const std::string& path,
+                                                                          const std::string& error) {
+        auto s = weak.lock();
+        const auto refuse = [&](int status, const std::string& code, const std::string& message) {
+            if (!path.empty()) {
+                store_->hold(path);
+                store_->release(path);
+            }
+            const Refusal refusal{status, code, message, std::nullopt};
+            done(nullptr, &refusal);
+        };
+        if (path.empty())
+            return refuse(500, "snapshot_failed", "the sandbox's live snapshot failed: " + error);
+        if (!s || s->stopping() || !by_id_.contains(s->id()))
+            return refuse(409, "ended", "the sandbox ended while it was being paused");
+        const Sandbox::Settings& settings = s->settings();
+        const int64_t now = std::chrono::duration_cast<std::chrono::seconds>(
+                                std::chrono::system_clock::now().time_since_epoch())
+                                .count();
+        PausedSandbox record;
+        record.id = settings.id;
+        record.snapshot = path;
+        record.pool = s->pool();
+        record.timeout_s = settings.timeout.count();
+        if (settings.idle_timeout)
+            record.idle_timeout_s = settings.idle_timeout->count();
+        record.env = settings.env;
+        record.metadata = settings.metadata;
+        record.paused_at = now;
+        record.retain_until = now + config_.paused_retention.count();
+        record.disk_bytes = SnapshotStore::stored_bytes(path);
+        try {
+            store_->add_paused(record);
+        } catch (const Error& e) {
+            return refuse(500, "snapshot_failed", e.what());
+        }
+        remove(*s, "paused");
+        spdlog::info("sandbox {} paused: {} bytes on disk", record.id, record.disk_bytes);
+        done(&store_->paused().at(record.id), nullptr);
+    });
+}
+
+void SandboxManager::resume(const std::string& id, CreateDone done)
+{
+    const PausedSandbox* record = find_paused(id);
+    if (!record) {
+        const Refusal refusal{404, "not_found", fmt::format("no paused sandbox {}", id), std::nullopt};
+        return done(nullptr, &refusal);
+    }
+    if (resuming_.contains(id)) {
+        const Refusal refusal{409, "resuming", fmt::format("sandbox {} is being resumed already", id), std::nullopt};
+        return done(nullptr, &refusal);
+    }
+    if (auto refusal = admit_restores(1))
+        return done(nullptr, &*refusal);
+    Vm* vm = nullptr;
+    try {
+        vm = &start_vm(restore_pool(record->snapshot, record->pool), false);
+    } catch (const Error& e) {
+        const Refusal refusal{500, "start_failed", e.what(), std::nullopt};
+        return done(nullptr, &refusal);
+    }
+    store_->hold(record->snapshot);
+    vm->origin = record->snapshot;
+    vm->settings.id = id;
+    vm->settings.timeout = std::chrono::seconds(record->timeout_s);
+    if (record->idle_timeout_s)
+        vm->settings.idle_timeout = std::chrono::seconds(*record->idle_timeout_s);
+    vm->settings.env = record->env;
+    vm->settings.metadata = record->metadata;
+    vm->requested = Sandbox::Clock::now();
+    resuming_.insert(id);
+    vm->waiting = [this, id, done = std::move(done)](Sandbox* sandbox, const Refusal* refusal) {
+        resuming_.erase(id);
+        if (sandbox) {
+            store_->remove_paused(id);
+            ended_.erase(id);
+            spdlog::info("sandbox {} resumed", id);
+        }
+        done(sandbox, refusal);
+    };
+}
+
+const PausedSandbox* SandboxManager::find_paused(const std::string& id) const
+{
+    if (!store_)
+        return nullptr;
+    auto it = store_->paused().find(id);
+    return it == store_->paused().end() ? nullptr : &it->second;
+}
+
+std::vector<const PausedSandbox*> SandboxManager::paused() const
+{
+    std::vector<const PausedSandbox*> list;
+    if (store_)
+        for (const auto& [id, record] : store_->paused())
+            list.push_back(&record);
+    return list;
+}
+
+void SandboxManager::remove_paused(const std::string& id, const std::string& reason)
+{
+    if (!store_ || !store_->paused().contains(id))
+        return;
+    store_->remove_paused(id);
+    remember_end(id, reason);
+}
+
+Json SandboxManager::describe_paused(const PausedSandbox& paused)
+{
+    return Json{{"id", paused.id},
+                {"pool", paused.pool},
+                {"state", "paused"},
+                {"paused_at", paused.paused_at},
+                {"retain_until", paused.retain_until},
+                {"disk_bytes", paused.disk_bytes},
+                {"timeout", paused.timeout_s},
+                {"idle_timeout", paused.idle_timeout_s ? Json(*paused.idle_timeout_s) : Json(nullptr)},
+                {"metadata", paused.metadata}};
 }
 
 void SandboxManager::count_call(const Json& answer, double seconds)

@@ -13,6 +13,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -20,6 +21,7 @@
 #include "core/loop_timer.hpp"
 #include "service/metrics.hpp"
 #include "service/sandbox.hpp"
+#include "service/snapshot_store.hpp"
 
 namespace agentvm {
 
@@ -39,7 +41,13 @@ struct ManagerConfig {
     // Each pool VM runs one `exec true` before it counts as ready: a sandbox's first call is
     // then as fast as its later ones, at the cost of the pages that call leaves written.
     bool pool_warmup = false;
+    // Where live snapshots and paused sandboxes are kept (SnapshotStore); empty: no fork,
+    // pause or resume.
+    std::string state_dir;
+    std::chrono::seconds paused_retention{7 * 86400};
 };
+
+inline constexpr unsigned max_fork_count = 64;
 
 // Why a create could not be served: the HTTP status and error it becomes.
 struct Refusal {
@@ -60,6 +68,22 @@ public:
 
     // Calls done once: with the sandbox (assigned `settings`, its id set here), or a refusal.
     void create(const std::string& pool, Sandbox::Settings settings, CreateDone done);
+
+    // Fork, pause and resume (docs/api.md): each calls `done` once. fork: `count` new
+    // sandboxes from a live snapshot of `parent`, which runs on, with its settings and new ids,
+    // once all of them are ready (if one fails, the others are removed and the fork refused).
+    using ForkDone = std::function<void(const std::vector<Sandbox*>& children, const Refusal* refusal)>;
+    void fork(Sandbox& parent, unsigned count, ForkDone done);
+    // pause: the sandbox's live snapshot and settings go to disk and its VM ends; it is then
+    // listed as paused under its id until resumed, deleted or past --paused-retention.
+    using PauseDone = std::function<void(const PausedSandbox* paused, const Refusal* refusal)>;
+    void pause(Sandbox& sandbox, PauseDone done);
+    // resume: the paused sandbox runs again from its snapshot, under the same id.
+    void resume(const std::string& id, CreateDone done);
+    const PausedSandbox* find_paused(const std::string& id) const;
+    std::vector<const PausedSandbox*> paused() const;
+    void remove_paused(const std::string& id, const std::string& reason);
+    static Json describe_paused(const PausedSandbox& paused);
     // The pool a create without one uses: the only pool, or "default".
     std::string default_pool() const;
 
@@ -98,6 +122,7 @@ private:
         CreateDone waiting;   // the create a cold start is for
         Sandbox::Settings settings;
         Sandbox::Clock::time_point requested{};
+        std::string origin;  // the live snapshot it was restored from (held in store_), if any
     };
 
     Pool* pool_named(const std::string& name);
@@ -115,10 +140,21 @@ private:
     void check_drained();
     void remember_end(const std::string& id, const std::string& reason);
     std::string new_id() const;
+    // A pool without a target, for VMs restored from a live snapshot (fork and resume).
+    Pool& restore_pool(const std::string& snapshot, const std::string& name);
+    std::optional<Refusal> admit_restores(unsigned count);
+    // Asks the sandbox's episode for a live snapshot; `done` gets its path (adopted by
+    // store_) or why not.
+    void take_snapshot(Sandbox& sandbox, const std::string& kind,
+                       std::function<void(const std::string& path, const std::string& error)> done);
 
     EventLoop& loop_;
     ManagerConfig config_;
     std::map<std::string, Pool> pools_;
+    std::map<std::string, Pool> restore_pools_;  // by snapshot path
+    std::optional<SnapshotStore> store_;
+    std::set<std::string> resuming_;
+    uint64_t snapshots_taken_ = 0;
     std::map<Sandbox*, Vm> vms_;
     std::map<std::string, Sandbox*> by_id_;
     std::map<std::string, std::string> ended_;

@@ -105,7 +105,7 @@ class Serve:
         self.log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(
             [os.path.join(BUILD, "agentvm-serve"), "--log-level", "warn", "--listen", f"unix:{self.socket}",
-             "--pool", f"default={SERVE_POOL}", "--mem-reserve", "256"],
+             "--pool", f"default={SERVE_POOL}", "--mem-reserve", "256", "--state-dir", os.path.join(self.dir, "state")],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=self.log)
         self.url = f"unix:{self.socket}"
         self.seen_episodes: set = set()

@@ -189,7 +189,8 @@ def test_service_token_capacity_and_env() -> None:
     os.chmod(token_file, 0o600)
     log = open(os.path.join(d, "log"), "wb")
     proc = subprocess.Popen([os.path.join(BUILD, "agentvm-serve"), "--listen", f"unix:{sock}", "--token-file",
-                             token_file, "--pool", "default=0", "--max-sandboxes", "1", "--mem-reserve", "256"],
+                             token_file, "--pool", "default=0", "--max-sandboxes", "1", "--mem-reserve", "256",
+                             "--state-dir", os.path.join(d, "state")],
                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log)
     try:
         wait_until(lambda: os.path.exists(sock), 60, "the second serve listens")

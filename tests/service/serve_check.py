@@ -13,6 +13,7 @@ import http.client
 import json
 import os
 import select
+import shutil
 import signal
 import socket
 import subprocess
@@ -758,11 +759,108 @@ def plan_calibrates():
             f"{measured['call_cpu_s'] * 1000:.1f} ms CPU per call; plan arithmetic checked")
 
 
+def fork_pause_resume():
+    """Fork a sandbox into 3, then pause it and resume it across 5 restarts of serve."""
+    sock = os.path.join(TMP, "fork.sock")
+    state = os.path.join(TMP, "fork-state")
+
+    def start():
+        serve = Serve(SERVE, "--listen", f"unix:{sock}", "--pool", "default=1", "--mem-reserve", "64",
+                      state_dir=state)
+        serve.wait_listening(lambda: connect(sock))
+        return serve
+
+    def sh(sid, cmd):
+        answer = ok_json("POST", f"/v1/sandboxes/{sid}/shell", {"cmd": cmd}, sock=sock)
+        expect(answer.get("exit_code") == 0, f"{cmd}: {answer}")
+        return text(answer, "stdout")
+
+    def code(sid, source):
+        return ok_json("POST", f"/v1/sandboxes/{sid}/run_code", {"code": source}, sock=sock)
+
+    def counting(sid):
+        first = int(sh(sid, "tail -n 1 /work/counter") or 0)
+        time.sleep(0.5)
+        second = int(sh(sid, "tail -n 1 /work/counter") or 0)
+        expect(second > first, f"{sid}: the background job stopped counting ({first}, {second})")
+
+    def kept(sid, cycles=0):
+        seen = sh(sid, "cat /work/file; pwd; echo $FORKVAR; jobs | wc -l").split()
+        expect(seen == ["parent-file", "/work", "parent-var", "1"], f"{sid}: shell state {seen}")
+        counting(sid)
+        expect(code(sid, "x + 1").get("result") == "42", f"{sid}: the interpreter lost x")
+        if cycles:
+            marks = sh(sid, "cat /work/cycles").split()
+            expect(marks == [str(i) for i in range(1, cycles + 1)], f"{sid}: cycle marks {marks}")
+
+    serve = start()
+    seen = []
+    try:
+        parent = create(sock=sock, metadata={"task": "fork"})
+        pid = parent["id"]
+        sh(pid, "mkdir -p /work && echo parent-file > /work/file && cd /work && export FORKVAR=parent-var")
+        sh(pid, "sh -c 'i=0; while :; do i=$((i+1)); echo $i >> /work/counter; sleep 0.1; done' >/dev/null 2>&1 &")
+        code(pid, "x = 41")
+        status, _, data = request("POST", f"/v1/sandboxes/{pid}/fork", {"count": 0}, sock=sock)
+        expect(status == 400 and json_error(data) == "bad_field", f"count 0: {status} {data!r}")
+        forked = ok_json("POST", f"/v1/sandboxes/{pid}/fork", {"count": 3}, expected=201, sock=sock)["sandboxes"]
+        ids = [child["id"] for child in forked]
+        expect(len(set(ids)) == 3 and pid not in ids, f"children ids {ids}")
+        expect(all(child["metadata"] == {"task": "fork"} for child in forked), f"children metadata: {forked}")
+        for i, cid in enumerate(ids):
+            kept(cid)
+            sh(cid, f"echo {i} > /work/mine")
+        for i, cid in enumerate(ids):
+            expect(sh(cid, "cat /work/mine").strip() == str(i), f"child {cid}'s write is not its own")
+            delete(cid, sock=sock)
+        kept(pid)
+        expect(sh(pid, "cat /work/mine 2>/dev/null || echo none").strip() == "none", "a child's write reached the parent")
+        seen.append("3 children kept file, cwd, variable, counting job and interpreter and diverged")
+
+        for cycle in range(1, 6):
+            sh(pid, f"echo {cycle} >> /work/cycles")
+            paused = ok_json("POST", f"/v1/sandboxes/{pid}/pause", sock=sock)
+            expect(paused["state"] == "paused" and paused["disk_bytes"] > 0 and paused["id"] == pid, f"pause: {paused}")
+            listed = ok_json("GET", "/v1/sandboxes", sock=sock)["sandboxes"]
+            expect(any(s["id"] == pid and s["state"] == "paused" for s in listed), f"not listed as paused: {listed}")
+            status, _, data = request("POST", f"/v1/sandboxes/{pid}/exec", {"argv": ["true"]}, sock=sock)
+            expect(status == 409 and json_error(data) == "paused", f"a call to a paused sandbox: {status} {data!r}")
+            expect(serve.stop() == 0, f"serve exit: {serve.log()[-2000:]}")
+            serve = start()
+            resumed = ok_json("POST", f"/v1/sandboxes/{pid}/resume", sock=sock)
+            expect(resumed["id"] == pid and resumed["state"] == "running", f"resume: {resumed}")
+            expect(resumed["metadata"] == {"task": "fork"}, f"resumed metadata: {resumed}")
+            kept(pid, cycle)
+        seen.append(f"5 pause / serve restart / resume cycles lost nothing (last pause stored {paused['disk_bytes'] >> 10} KiB)")
+
+        status, _, data = request("POST", f"/v1/sandboxes/{pid}/resume", sock=sock)
+        expect(status == 409 and json_error(data) == "not_paused", f"resume of a running sandbox: {status} {data!r}")
+        slow = threading.Thread(target=lambda: sh(pid, "sleep 3"))
+        slow.start()
+        time.sleep(1)
+        status, _, data = request("POST", f"/v1/sandboxes/{pid}/pause", sock=sock)
+        slow.join(60)
+        expect(status == 409 and json_error(data) == "busy", f"pause with a call running: {status} {data!r}")
+        seen.append("resume of a running sandbox and pause during a call refused")
+        delete(pid, sock=sock)
+        # Its VM ends after the answer; then its snapshot and the chain below go.
+        deadline = time.monotonic() + 30
+        while os.listdir(os.path.join(state, "snapshots")) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        left = os.listdir(os.path.join(state, "snapshots"))
+        expect(not left, f"snapshots left after the last sandbox using them was deleted: {left}")
+        seen.append("no snapshot left once nothing used them")
+    finally:
+        serve.stop()
+        shutil.rmtree(state, ignore_errors=True)
+    return "; ".join(seen)
+
+
 SHARED = [pool_warm_and_cold, state_within_not_across, big_file_both_ways, streaming, timeouts, vm_killed,
           errors, run_code, code_cancel_file_info, run_jupyter, metrics_match]
 # After the shared serve has stopped: these count every agentvm process of the machine.
 ALONE = [drain_with_call_in_flight, soak_no_leaks, kill9_leaves_nothing, memory_reserve_refuses, pool_warmup,
-         plan_calibrates]
+         plan_calibrates, fork_pause_resume]
 
 
 def main():

@@ -3,10 +3,12 @@ it. Shared by serve_http_check.py (no VMs) and serve_check.py (real sandboxes)."
 import http.client
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "vm"))
@@ -34,10 +36,15 @@ class Serve:
     """agentvm-serve as a child; its stderr goes to a file (read by log()) so that a chatty
     serve never blocks on a full pipe."""
 
-    def __init__(self, binary, *args, log_path=None, log_level="warn"):
+    def __init__(self, binary, *args, log_path=None, log_level="warn", state_dir=None):
         self.log_path = log_path or f"/tmp/agentvm-serve-{os.getpid()}-{time.monotonic_ns()}.log"
         self.log_file = open(self.log_path, "wb")
-        self.proc = subprocess.Popen([binary, "--log-level", log_level, *args], stdin=subprocess.DEVNULL,
+        # Each serve its own state directory (one serve per directory), unless a test shares
+        # one between a serve and its successor.
+        self.own_state = state_dir is None and "--state-dir" not in args
+        self.state_dir = tempfile.mkdtemp(prefix="agentvm-serve-state-") if self.own_state else state_dir
+        extra = ["--state-dir", self.state_dir] if self.state_dir else []
+        self.proc = subprocess.Popen([binary, "--log-level", log_level, *extra, *args], stdin=subprocess.DEVNULL,
                                      stdout=subprocess.DEVNULL, stderr=self.log_file)
 
     def log(self):
@@ -68,6 +75,8 @@ class Serve:
                 self.proc.kill()
                 self.proc.wait()
             self.log_file.close()
+            if self.own_state:
+                shutil.rmtree(self.state_dir, ignore_errors=True)
 
 
 def call(conn, method, path, body=None, headers=None):

@@ -1,0 +1,230 @@
+#include "service/snapshot_store.hpp"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include "common/error.hpp"
+
+namespace agentvm {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+// A paused sandbox's record is a few KiB; a bigger file is not one of ours.
+constexpr std::uintmax_t max_record_bytes = 1 << 20;
+
+void make_dir(const std::string& path)
+{
+    std::error_code ec;
+    fs::create_directories(path, ec);
+    if (ec || !fs::is_directory(path))
+        throw Error(fmt::format("serve's state directory '{}' cannot be used: {}", path,
+                                ec ? ec.message() : "not a directory"));
+}
+
+std::string read_small_file(const fs::path& path)
+{
+    std::error_code ec;
+    const auto size = fs::file_size(path, ec);
+    if (ec || size > max_record_bytes)
+        throw Error(fmt::format("'{}': {}", path.string(), ec ? ec.message() : "too large"));
+    std::ifstream in(path, std::ios::binary);
+    std::stringstream text;
+    text << in.rdbuf();
+    return text.str();
+}
+
+} // namespace
+
+json PausedSandbox::to_json() const
+{
+    return {{"id", id},
+            {"snapshot", snapshot},
+            {"pool", pool},
+            {"timeout", timeout_s},
+            {"idle_timeout", idle_timeout_s ? json(*idle_timeout_s) : json(nullptr)},
+            {"env", env},
+            {"metadata", metadata},
+            {"paused_at", paused_at},
+            {"retain_until", retain_until},
+            {"disk_bytes", disk_bytes}};
+}
+
+PausedSandbox PausedSandbox::from_json(const json& j)
+{
+    try {
+        PausedSandbox p;
+        p.id = j.at("id").get<std::string>();
+        p.snapshot = j.at("snapshot").get<std::string>();
+        p.pool = j.at("pool").get<std::string>();
+        p.timeout_s = j.at("timeout").get<int64_t>();
+        if (!j.at("idle_timeout").is_null())
+            p.idle_timeout_s = j.at("idle_timeout").get<int64_t>();
+        p.env = j.at("env").get<std::map<std::string, std::string>>();
+        p.metadata = j.at("metadata");
+        p.paused_at = j.at("paused_at").get<int64_t>();
+        p.retain_until = j.at("retain_until").get<int64_t>();
+        p.disk_bytes = j.at("disk_bytes").get<uint64_t>();
+        if (p.id.empty() || p.id.find('/') != std::string::npos || !p.metadata.is_object())
+            throw Error("malformed id or metadata");
+        return p;
+    } catch (const json::exception& e) {
+        throw Error(e.what());
+    }
+}
+
+SnapshotStore::SnapshotStore(std::string state_dir)
+    : paused_dir_(state_dir + "/paused"), snapshots_dir_(state_dir + "/snapshots")
+{
+    make_dir(state_dir);
+    const std::string lock_path = state_dir + "/lock";
+    lock_ = Fd(::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600));
+    if (!lock_)
+        throw_errno(fmt::format("opening '{}'", lock_path));
+    if (::flock(lock_.get(), LOCK_EX | LOCK_NB) != 0)
+        throw Error(fmt::format("serve's state directory '{}' is in use by another agentvm serve (--state-dir "
+                                "names one per serve)",
+                                state_dir));
+    make_dir(paused_dir_);
+    make_dir(snapshots_dir_);
+    for (const auto& entry : fs::directory_iterator(paused_dir_)) {
+        const fs::path path = entry.path();
+        if (path.extension() != ".json") {
+            fs::remove(path);  // a record that was being written when serve died
+            continue;
+        }
+        try {
+            PausedSandbox record = PausedSandbox::from_json(json::parse(read_small_file(path)));
+            if (record.id + ".json" != path.filename().string() || !owns(record.snapshot) ||
+                !fs::exists(record.snapshot + "/manifest.json"))
+                throw Error("it does not match its file name, or its snapshot is gone");
+            paused_[record.id] = std::move(record);
+        } catch (const std::exception& e) {
+            spdlog::error("paused sandbox record '{}' is unusable and is removed: {}", path.string(), e.what());
+            fs::remove(path);
+        }
+    }
+    // Holds from what is on disk: each snapshot on its parent, each record on its snapshot.
+    for (const auto& entry : fs::directory_iterator(snapshots_dir_)) {
+        const std::string path = entry.path().string();
+        holds_.try_emplace(path, 0);
+        if (const auto parent = parent_of(path))
+            ++holds_[*parent];
+    }
+    for (const auto& [id, record] : paused_)
+        ++holds_[record.snapshot];
+    std::vector<std::string> unheld;
+    for (const auto& [path, count] : holds_)
+        if (count == 0)
+            unheld.push_back(path);
+    for (const std::string& path : unheld) {
+        spdlog::info("removing snapshot '{}': nothing holds it any more", path);
+        ++holds_[path];
+        release(path);
+    }
+}
+
+bool SnapshotStore::owns(const std::string& path) const
+{
+    const fs::path p(path);
+    return p.parent_path() == fs::path(snapshots_dir_) && !p.filename().empty();
+}
+
+std::optional<std::string> SnapshotStore::parent_of(const std::string& path) const
+{
+    try {
+        const json manifest = json::parse(read_small_file(fs::path(path) / "manifest.json"));
+        if (manifest.contains("parent")) {
+            std::string parent = manifest.at("parent").at("dir").get<std::string>();
+            if (owns(parent))
+                return parent;
+        }
+    } catch (const std::exception& e) {
+        spdlog::warn("snapshot '{}': cannot read its parent: {}", path, e.what());
+    }
+    return std::nullopt;
+}
+
+void SnapshotStore::adopt(const std::string& path)
+{
+    holds_.try_emplace(path, 0);
+    if (const auto parent = parent_of(path))
+        hold(*parent);
+}
+
+void SnapshotStore::hold(const std::string& path)
+{
+    if (owns(path))
+        ++holds_[path];
+}
+
+void SnapshotStore::release(const std::string& path)
+{
+    auto it = holds_.find(path);
+    if (it == holds_.end() || --it->second > 0)
+        return;
+    const std::optional<std::string> parent = parent_of(path);
+    holds_.erase(it);
+    std::error_code ec;
+    fs::remove_all(path, ec);
+    if (ec)
+        spdlog::error("removing snapshot '{}': {}", path, ec.message());
+    else
+        spdlog::debug("snapshot '{}' removed: nothing holds it", path);
+    if (parent)
+        release(*parent);
+}
+
+void SnapshotStore::add_paused(PausedSandbox record)
+{
+    const fs::path path = fs::path(paused_dir_) / (record.id + ".json");
+    const fs::path partial = fs::path(paused_dir_) / (record.id + ".json.partial");
+    {
+        std::ofstream out(partial, std::ios::binary | std::ios::trunc);
+        out << record.to_json().dump(2) << "\n";
+        out.flush();
+        if (!out)
+            throw Error(fmt::format("writing the paused sandbox's record '{}'", partial.string()));
+    }
+    std::error_code ec;
+    fs::rename(partial, path, ec);
+    if (ec)
+        throw Error(fmt::format("writing the paused sandbox's record '{}': {}", path.string(), ec.message()));
+    hold(record.snapshot);
+    paused_[record.id] = std::move(record);
+}
+
+void SnapshotStore::remove_paused(const std::string& id)
+{
+    auto it = paused_.find(id);
+    if (it == paused_.end())
+        return;
+    const std::string snapshot = it->second.snapshot;
+    paused_.erase(it);
+    std::error_code ec;
+    fs::remove(fs::path(paused_dir_) / (id + ".json"), ec);
+    release(snapshot);
+}
+
+uint64_t SnapshotStore::stored_bytes(const std::string& path)
+{
+    uint64_t bytes = 0;
+    std::error_code ec;
+    for (const auto& entry : fs::directory_iterator(path, ec)) {
+        struct stat st {};
+        if (::stat(entry.path().c_str(), &st) == 0)
+            bytes += static_cast<uint64_t>(st.st_blocks) * 512;
+    }
+    return bytes;
+}
+
+} // namespace agentvm

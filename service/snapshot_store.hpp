@@ -1,0 +1,78 @@
+// serve's live snapshots and paused sandboxes on disk (docs/api.md, "Fork, pause and resume"),
+// under a state directory that outlives serve:
+//   snapshots/NAME      live snapshots the sandboxes' episodes write (vmm/snapshot.hpp)
+//   paused/ID.json      a paused sandbox: its snapshot and settings, to resume it by its id
+// A snapshot stays while something holds it: a VM restored from it, a paused sandbox, or a
+// snapshot stored over it (its manifest's parent). When the last hold goes it is removed, and
+// with it its hold on its parent. At start the holds are counted again from what is on disk,
+// and whatever nothing holds (left by a serve that was killed) is removed.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "common/fd.hpp"
+
+namespace agentvm {
+
+// What resuming a paused sandbox needs: its id, the snapshot, and the settings it had.
+struct PausedSandbox {
+    std::string id;
+    std::string snapshot;  // the directory under snapshots/
+    std::string pool;
+    int64_t timeout_s = 300;
+    std::optional<int64_t> idle_timeout_s;
+    std::map<std::string, std::string> env;
+    nlohmann::json metadata = nlohmann::json::object();
+    int64_t paused_at = 0;     // Unix seconds
+    int64_t retain_until = 0;  // Unix seconds: removed after
+    uint64_t disk_bytes = 0;   // what its own snapshot stores
+
+    nlohmann::json to_json() const;
+    // Throws Error naming the problem.
+    static PausedSandbox from_json(const nlohmann::json& j);
+};
+
+class SnapshotStore {
+public:
+    // Creates the directories as needed, takes the directory's lock (one serve per state
+    // directory), reads the paused sandboxes, counts the holds and removes what nothing holds.
+    // Throws Error when the directory cannot be used or another serve holds it.
+    explicit SnapshotStore(std::string state_dir);
+
+    const std::string& snapshots_dir() const { return snapshots_dir_; }
+    // Whether `path` is one of ours (under snapshots/), which holds apply to.
+    bool owns(const std::string& path) const;
+
+    // A snapshot an episode just wrote: it holds its parent, if that is ours. Nothing holds
+    // it yet: the caller holds it next (a VM restored from it, a paused sandbox).
+    void adopt(const std::string& path);
+    void hold(const std::string& path);
+    // Drops one hold; at none the snapshot is removed, and its own hold on its parent dropped.
+    void release(const std::string& path);
+
+    const std::map<std::string, PausedSandbox>& paused() const { return paused_; }
+    // Writes the record (atomically: a temporary file renamed) and holds its snapshot. Throws Error.
+    void add_paused(PausedSandbox record);
+    // Removes the record and drops its hold.
+    void remove_paused(const std::string& id);
+
+    // Bytes of data a snapshot's files store (a sparse file's allocated blocks).
+    static uint64_t stored_bytes(const std::string& path);
+
+private:
+    std::optional<std::string> parent_of(const std::string& path) const;
+
+    Fd lock_;
+    std::string paused_dir_;
+    std::string snapshots_dir_;
+    std::map<std::string, int> holds_;
+    std::map<std::string, PausedSandbox> paused_;
+};
+
+} // namespace agentvm
