@@ -124,9 +124,11 @@ class EpisodeTransport:
     kind = "embedded"
 
     def __init__(self, binary: str, *, snapshot: Optional[str], timeout: float,
-                 extra_args: Iterable[str] = (), grace: float = DEFAULT_GRACE) -> None:
+                 extra_args: Iterable[str] = (), grace: float = DEFAULT_GRACE,
+                 snapshot_dir: Optional[str] = None) -> None:
         self.binary = binary
         self.snapshot = snapshot
+        self.snapshot_dir = snapshot_dir
         self.timeout = timeout
         self.extra_args = list(extra_args)
         self.grace = grace
@@ -162,7 +164,18 @@ class EpisodeTransport:
         args = [self.binary, "episode", "--announce-ready", "--episode-timeout", _fmt_seconds(self.timeout)]
         if self.snapshot is not None:
             args += ["--snapshot", self.snapshot]
+        if self.snapshot_dir is not None:
+            args += ["--snapshot-dir", self.snapshot_dir]
         return args + self.extra_args
+
+    async def live_snapshot(self, name: str) -> Dict[str, Any]:
+        """The episode's host op ``snapshot`` (docs/protocol.md, "Live snapshots"): the VM as
+        it is now, in ``snapshot_dir/name``; returns the answer's ``snapshot`` object."""
+        if self.snapshot_dir is None:
+            raise ValueError("an embedded sandbox forks and pauses only with snapshot_dir= (where the "
+                             "snapshots are kept, and which the caller cleans up)")
+        msg = await self.call("snapshot", {"name": name}, soft_timeout=120.0)
+        return dict(msg["snapshot"])
 
     async def start(self, start_timeout: float) -> None:
         try:

@@ -483,6 +483,26 @@ class ServiceTransport:
     async def set_timeout(self, seconds: float) -> None:
         self.described = await self._json("POST", self._path("timeout"), {"timeout": seconds})
 
+    def adopt(self, described: Dict[str, Any]) -> None:
+        """This transport is now for the sandbox serve described (a fork's child, a resume)."""
+        self.described = described
+        self.sandbox_id = str(described["id"])
+        self.pid = described.get("pid")
+        self.restored = described.get("restored")
+
+    async def fork(self, count: int, start_timeout: float) -> List[Dict[str, Any]]:
+        doc = await self._json("POST", self._path("fork"), {"count": count}, hard=start_timeout, ok=(201,))
+        return list(doc["sandboxes"])
+
+    async def pause(self) -> Dict[str, Any]:
+        doc: Dict[str, Any] = await self._json("POST", self._path("pause"), {}, soft=120.0)
+        self._gone = SandboxDied("paused", f"sandbox {self.sandbox_id} is paused: resume it first")
+        return doc
+
+    async def resume(self, sandbox_id: str, start_timeout: float) -> None:
+        self.sandbox_id = sandbox_id
+        self.adopt(await self._json("POST", self._path("resume"), {}, hard=start_timeout))
+
     async def kill(self) -> None:
         if not self.sandbox_id:
             return

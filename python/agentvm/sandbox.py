@@ -10,6 +10,7 @@ import os
 import posixpath
 import re
 import shlex
+import uuid
 from typing import (Any, AsyncGenerator, Awaitable, Generator, Callable, Dict, Iterable, Iterator, List, Mapping,
                     Optional, Sequence, Tuple, TypeVar, Union)
 
@@ -27,6 +28,7 @@ __all__ = ["AsyncSandbox", "Sandbox", "AsyncCommandHandle", "CommandHandle", "En
 # A sandbox's lifetime: serve's range for "timeout" (docs/api.md), also used in embedded mode.
 MAX_SANDBOX_TIMEOUT = 86400.0
 DEFAULT_START_TIMEOUT = 180.0
+MAX_FORK_COUNT = 64  # docs/api.md, fork
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _OCTAL_MODE = re.compile(r"^[0-7]{1,4}$")
 
@@ -89,6 +91,15 @@ def _metadata(metadata: Any) -> Dict[str, str]:
             raise ValueError(f"metadata[{k!r}]: names are at most 256 bytes, values 4096")
         out[k] = v
     return out
+
+
+def _snapshot_dir(value: Any) -> Optional[str]:
+    if value is None:
+        return None
+    path = _text("snapshot_dir", os.fspath(value))
+    if not os.path.isdir(path):
+        raise ValueError(f"snapshot_dir {path!r} is not an existing directory")
+    return os.path.abspath(path)
 
 
 def _max_output(value: Any) -> Optional[int]:
@@ -531,6 +542,9 @@ class AsyncSandbox:
         self.commands = AsyncCommands(self)
         self.files = AsyncFiles(self)
         self._killed = False
+        self._paused = False
+        # Embedded: agentvm's own arguments (without --template), which its forks start with.
+        self._fork_args: List[str] = []
         # Embedded: the sandbox's envs are exported in the shell before its first call, and
         # again after a shell was killed (serve does both itself).
         self._shell_env_pending = bool(envs) and mode == "embedded"
@@ -542,12 +556,14 @@ class AsyncSandbox:
                      url: Optional[str] = None, token: Optional[str] = None, pool: Optional[str] = None, *,
                      binary: Optional[str] = None, start_timeout: float = DEFAULT_START_TIMEOUT,
                      grace: float = DEFAULT_GRACE, agentvm_args: Sequence[str] = (),
-                     template: Optional[str] = None) -> "AsyncSandbox":
+                     template: Optional[str] = None, snapshot_dir: Optional[str] = None) -> "AsyncSandbox":
         """A new sandbox. Service mode when ``url`` (or ``$AGENTVM_URL``) names a server
         (``unix:/path`` or ``http://host:port``), else embedded (an ``agentvm episode``
         subprocess restored from the default snapshot, or ``snapshot``). ``template`` names an
         ``agentvm template`` in either mode: embedded, the episode runs it; a service serves it
-        as the pool of that name (``agentvm serve --pool NAME=N``)."""
+        as the pool of that name (``agentvm serve --pool NAME=N``). ``snapshot_dir`` (embedded):
+        an existing directory where :meth:`fork` and :meth:`pause` write live snapshots, which
+        the caller removes when done with them; without it they raise ValueError."""
         t = _number("timeout", timeout, low=1, high=MAX_SANDBOX_TIMEOUT, low_inclusive=True)
         env = _envs("envs", envs)
         meta = _metadata(metadata)
@@ -567,8 +583,8 @@ class AsyncSandbox:
             _text("url", url)
             if snapshot is not None:
                 raise ValueError("snapshot is for embedded mode; a service names its snapshots as pools (pool=)")
-            if binary is not None or agentvm_args:
-                raise ValueError("binary and agentvm_args are for embedded mode")
+            if binary is not None or agentvm_args or snapshot_dir is not None:
+                raise ValueError("binary, agentvm_args and snapshot_dir are for embedded mode")
             if token is None:
                 token = os.environ.get("AGENTVM_TOKEN") or None
             if token is not None:
@@ -591,12 +607,114 @@ class AsyncSandbox:
             raise ValueError("token is for service mode (url= or AGENTVM_URL)")
         if snapshot is not None:
             snapshot = _text("snapshot", os.fspath(snapshot))
-        args = [_text("agentvm_args item", a) for a in agentvm_args]
-        if template is not None:
-            args = ["--template", template] + args
-        episode = EpisodeTransport(find_agentvm(binary), snapshot=snapshot, timeout=t, extra_args=args, grace=g)
+        user_args = [_text("agentvm_args item", a) for a in agentvm_args]
+        args = (["--template", template] if template is not None else []) + user_args
+        sdir = _snapshot_dir(snapshot_dir)
+        episode = EpisodeTransport(find_agentvm(binary), snapshot=snapshot, timeout=t, extra_args=args, grace=g,
+                                   snapshot_dir=sdir)
         await episode.start(st)
-        return cls(episode, mode="embedded", envs=env, metadata=meta, timeout=t)._track()
+        sandbox = cls(episode, mode="embedded", envs=env, metadata=meta, timeout=t)
+        sandbox._fork_args = user_args
+        return sandbox._track()
+
+    @classmethod
+    async def resume(cls, sandbox_id: str, *, url: Optional[str] = None, token: Optional[str] = None,
+                     timeout: float = 300, envs: Optional[Mapping[str, str]] = None,
+                     binary: Optional[str] = None, start_timeout: float = DEFAULT_START_TIMEOUT,
+                     grace: float = DEFAULT_GRACE, agentvm_args: Sequence[str] = (),
+                     snapshot_dir: Optional[str] = None) -> "AsyncSandbox":
+        """A paused sandbox, running again exactly as it was paused (:meth:`pause` returned
+        ``sandbox_id``). Service mode (``url`` or ``$AGENTVM_URL``): the same sandbox under its
+        id, with its settings. Embedded: ``sandbox_id`` is the paused snapshot's directory; the
+        episode gets ``timeout``, ``envs`` for its exec calls (the shell kept its exports), and
+        takes its own snapshots into ``snapshot_dir`` (default: the directory the paused
+        snapshot is in)."""
+        _text("sandbox_id", sandbox_id)
+        st = _number("start_timeout", start_timeout, low=0, high=MAX_CALL_TIMEOUT)
+        g = _number("grace", grace, low=0, high=MAX_CALL_TIMEOUT)
+        if url is None and os.sep not in sandbox_id:
+            url = os.environ.get("AGENTVM_URL") or None
+        if url is not None:
+            if binary is not None or agentvm_args or snapshot_dir is not None or envs is not None:
+                raise ValueError("binary, agentvm_args, snapshot_dir and envs are for embedded mode: a service "
+                                 "resumes a sandbox with its own settings")
+            if token is None:
+                token = os.environ.get("AGENTVM_TOKEN") or None
+            service = ServiceTransport(HttpClient.get(_text("url", url), token), grace=g)
+            await service.resume(sandbox_id, st)
+            described = service.described
+            return cls(service, mode="service", envs={}, metadata=dict(described.get("metadata") or {}),
+                       timeout=float(described.get("timeout", timeout)))._track()
+        t = _number("timeout", timeout, low=1, high=MAX_SANDBOX_TIMEOUT, low_inclusive=True)
+        env = _envs("envs", envs)
+        if not os.path.isfile(os.path.join(sandbox_id, "manifest.json")):
+            raise ValueError(f"{sandbox_id!r} is not a paused sandbox's snapshot (no manifest.json there)")
+        user_args = [_text("agentvm_args item", a) for a in agentvm_args]
+        sdir = _snapshot_dir(snapshot_dir if snapshot_dir is not None else os.path.dirname(os.path.abspath(sandbox_id)))
+        episode = EpisodeTransport(find_agentvm(binary), snapshot=sandbox_id, timeout=t, extra_args=user_args,
+                                   grace=g, snapshot_dir=sdir)
+        await episode.start(st)
+        sandbox = cls(episode, mode="embedded", envs=env, metadata={}, timeout=t)
+        sandbox._shell_env_pending = False
+        sandbox._fork_args = user_args
+        return sandbox._track()
+
+    # -- fork and pause --------------------------------------------------------------------------
+
+    async def fork(self, count: int = 1, *, start_timeout: float = DEFAULT_START_TIMEOUT) -> List["AsyncSandbox"]:
+        """``count`` new sandboxes, each this one as it is now (files, processes, the shell's
+        cwd, variables and jobs, the interpreter's variables), with its timeout, envs and
+        metadata; this one runs on. All start or none: if one fails, the others are killed."""
+        if isinstance(count, bool) or not isinstance(count, int):
+            raise TypeError("count must be an int")
+        if not 1 <= count <= MAX_FORK_COUNT:
+            raise ValueError(f"count must be 1 to {MAX_FORK_COUNT}")
+        st = _number("start_timeout", start_timeout, low=0, high=MAX_CALL_TIMEOUT)
+        self._check_alive()
+        t = self._transport
+        if isinstance(t, ServiceTransport):
+            children = []
+            for described in await t.fork(count, st):
+                child_t = ServiceTransport(t.client, grace=t.grace)
+                child_t.adopt(described)
+                children.append(AsyncSandbox(child_t, mode="service", envs=dict(self.envs),
+                                             metadata=dict(self.metadata), timeout=self.timeout)._track())
+            return children
+        assert isinstance(t, EpisodeTransport)
+        taken = await t.live_snapshot(f"fork-{os.getpid()}-{uuid.uuid4().hex}")
+        episodes = [EpisodeTransport(t.binary, snapshot=taken["path"], timeout=self.timeout,
+                                     extra_args=self._fork_args, grace=t.grace, snapshot_dir=t.snapshot_dir)
+                    for _ in range(count)]
+        results = await asyncio.gather(*(e.start(st) for e in episodes), return_exceptions=True)
+        failure = next((r for r in results if isinstance(r, BaseException)), None)
+        if failure is not None:
+            await asyncio.gather(*(e.kill() for e in episodes), return_exceptions=True)
+            raise failure
+        children = []
+        for e in episodes:
+            child = AsyncSandbox(e, mode="embedded", envs=dict(self.envs), metadata=dict(self.metadata),
+                                 timeout=self.timeout)
+            child._shell_env_pending = self._shell_env_pending
+            child._fork_args = self._fork_args
+            children.append(child._track())
+        return children
+
+    async def pause(self) -> str:
+        """Saves the sandbox to disk and ends its VM (it holds no memory then); returns the id
+        :meth:`resume` takes: serve's sandbox id, or (embedded) the snapshot's directory.
+        Calls on this object raise :class:`SandboxDied` (``paused``) afterwards."""
+        self._check_alive()
+        t = self._transport
+        if isinstance(t, ServiceTransport):
+            await t.pause()
+            resume_id = self.sandbox_id
+        else:
+            assert isinstance(t, EpisodeTransport)
+            resume_id = (await t.live_snapshot(f"pause-{os.getpid()}-{uuid.uuid4().hex}"))["path"]
+            await t.close()
+        self._paused = True
+        _loop.unregister_exit(self._kill_at_exit)
+        return str(resume_id)
 
     # -- identity and life ---------------------------------------------------------------------
 
@@ -631,21 +749,23 @@ class AsyncSandbox:
             self._transport.kill_at_exit()
 
     def _check_alive(self) -> None:
+        if self._paused:
+            raise SandboxDied("paused", "the sandbox is paused: resume it (Sandbox.resume) for a running one")
         if self._killed:
             raise SandboxDied("killed", "the sandbox was killed")
 
     async def kill(self) -> None:
         """Ends the sandbox and its VM at once (running calls fail with :class:`SandboxDied`).
         Embedded: SIGTERM to the episode (SIGKILL if it has not ended 30 s later); service:
-        ``DELETE``. Killing a dead sandbox does nothing."""
-        if self._killed:
+        ``DELETE``. Killing a dead or paused sandbox does nothing (a paused one stays paused)."""
+        if self._killed or self._paused:
             return
         self._killed = True
         _loop.unregister_exit(self._kill_at_exit)
         await self._transport.kill()
 
     async def is_running(self) -> bool:
-        if self._killed:
+        if self._killed or self._paused:
             return False
         return await self._transport.is_running()
 
@@ -848,6 +968,27 @@ class Sandbox:
     @classmethod
     def create(cls, *args: Any, **kwargs: Any) -> "Sandbox":
         return cls(*args, **kwargs)
+
+    @classmethod
+    def _wrap(cls, sandbox: AsyncSandbox) -> "Sandbox":
+        obj = cls.__new__(cls)
+        obj._sb = sandbox
+        obj.commands = Commands(sandbox.commands)
+        obj.files = Files(sandbox.files)
+        return obj
+
+    @classmethod
+    def resume(cls, sandbox_id: str, **kwargs: Any) -> "Sandbox":
+        """As :meth:`AsyncSandbox.resume`."""
+        return cls._wrap(_loop.run(AsyncSandbox.resume(sandbox_id, **kwargs)))
+
+    def fork(self, count: int = 1, **kwargs: Any) -> List["Sandbox"]:
+        """As :meth:`AsyncSandbox.fork`."""
+        return [Sandbox._wrap(child) for child in _loop.run(self._sb.fork(count, **kwargs))]
+
+    def pause(self) -> str:
+        """As :meth:`AsyncSandbox.pause`."""
+        return _loop.run(self._sb.pause())
 
     @property
     def sandbox_id(self) -> str:
