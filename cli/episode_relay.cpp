@@ -87,6 +87,11 @@ void EpisodeRelay::on_request(std::string&& line)
 {
     if (ended_ || input_done_ || is_blank(line))
         return;
+    if (snapshot_running_ || !snapshots_waiting_.empty()) {
+        // Read along with the snapshot's line, before input paused: it waits for the snapshot.
+        held_lines_.push_back(std::move(line));
+        return;
+    }
     std::string id;
     std::optional<CallLimits> limits;
     bool is_close = false;
@@ -176,15 +181,42 @@ void EpisodeRelay::start_snapshot(const std::string& id, const std::string& name
         return;
     }
     host_pending_.emplace(id, Pending{id, requests_++, std::nullopt});
+    // The snapshot holds what every call before it did, and nothing of a call after it: no
+    // request is read until it is taken, and it waits for the calls still running.
+    snapshots_waiting_.push_back({id, name});
+    input_.pause();
+    take_next_snapshot();
+}
+
+void EpisodeRelay::take_next_snapshot()
+{
+    if (snapshot_running_ || snapshots_waiting_.empty() || !pending_.empty() || ended_)
+        return;
+    auto [id, name] = snapshots_waiting_.front();
+    snapshots_waiting_.pop_front();
+    snapshot_running_ = true;
     snapshot_handler_(name, [this, id](Json answer) {
+        snapshot_running_ = false;
         if (!host_pending_.erase(id) || ended_)
             return;  // fail_pending() has answered it
         Json line = Json::object();
         line["id"] = Json::parse(id);
         line.update(answer);
         emit(to_line(line));
-        if (agent_done_ && host_pending_.empty())
+        if (agent_done_ && host_pending_.empty()) {
             end(End::finished, "");
+            return;
+        }
+        if (!snapshots_waiting_.empty())
+            return take_next_snapshot();
+        while (!held_lines_.empty() && snapshots_waiting_.empty() && !snapshot_running_) {
+            std::string held = std::move(held_lines_.front());
+            held_lines_.pop_front();
+            on_request(std::move(held));
+        }
+        if (snapshots_waiting_.empty() && !snapshot_running_ && !input_done_ && !ended_ &&
+            agent_out_->queued_bytes() <= max_queued_to_agent)
+            input_.resume();
     });
 }
 
@@ -209,8 +241,10 @@ void EpisodeRelay::on_response(const ResponseSummary& summary)
         return;
     if (summary.is_event)
         on_progress(*summary.id);
-    else if (pending_.erase(*summary.id))
+    else if (pending_.erase(*summary.id)) {
         arm_watchdog();
+        take_next_snapshot();
+    }
 }
 
 void EpisodeRelay::on_progress(const std::string& id)
@@ -319,6 +353,16 @@ size_t EpisodeRelay::fail_pending(const std::string& code, const std::string& me
     for (const auto& [id, call] : pending_)
         calls.push_back(&call);
     for (const auto& [id, call] : host_pending_)
+        calls.push_back(&call);
+    // Requests held behind a snapshot never reached the agent: they fail too, after the rest.
+    std::vector<Pending> held;
+    for (const std::string& line : held_lines_) {
+        const Json request = Json::parse(line, nullptr, false);
+        const bool has_id = request.is_object() && request.contains("id");
+        held.push_back({has_id ? request["id"].dump() : "null", requests_++, std::nullopt});
+    }
+    held_lines_.clear();
+    for (const Pending& call : held)
         calls.push_back(&call);
     std::sort(calls.begin(), calls.end(), [](auto* a, auto* b) { return a->order < b->order; });
     for (const Pending* call : calls)

@@ -7,13 +7,15 @@
 // they arrive (ResponseStream), so their size costs the relay no memory.
 //
 // The one host-side op, "snapshot", is answered here through a handler the episode sets
-// (on_snapshot); such a call waits among the others, and keeps the episode from finishing
-// until it is answered.
+// (on_snapshot). It is taken once every call sent before it has answered, and no request
+// after it is read until then; it waits among the other calls, and keeps the episode from
+// finishing until it is answered.
 //
 // Runs on the VM's event loop thread.
 #pragma once
 
 #include <chrono>
+#include <deque>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -98,6 +100,7 @@ private:
 
     void on_request(std::string&& line);
     void start_snapshot(const std::string& id, const std::string& name);
+    void take_next_snapshot();
     void on_response(const ResponseSummary& summary);
     void on_input_end(int err);
     void on_agent_end(int err);
@@ -122,6 +125,9 @@ private:
     std::map<std::string, Pending> pending_;  // by id as compact JSON
     std::map<std::string, Pending> host_pending_;  // the host's own calls (snapshot), as pending_
     SnapshotHandler snapshot_handler_;
+    std::deque<std::pair<std::string, std::string>> snapshots_waiting_;  // (id, name), in order
+    bool snapshot_running_ = false;
+    std::deque<std::string> held_lines_;  // requests read after a snapshot's, until it is taken
     bool agent_done_ = false;  // the agent closed after every call, while a host call was pending
     uint64_t requests_ = 0;
     bool input_done_ = false;  // stdin ended, or a close call was sent

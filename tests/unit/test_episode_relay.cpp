@@ -473,16 +473,25 @@ TEST_CASE("snapshot is the host's op: refused without --snapshot-dir, else answe
               });
     h.request(R"({"id":7,"op":"snapshot","name":"fork-1"})");
     CHECK(h.response() == R"({"id":7,"snapshot":{"path":"/s/fork-1"}})");
-    // An unanswered one is pending like any call: its id is taken, and it gets an error when
-    // the episode ends.
-    h.request(R"({"id":8,"op":"snapshot","name":"never"})");
-    h.request(R"({"id":8,"op":"exec","argv":["true"]})");
-    CHECK(error_of(h.response())["message"].get<std::string>().find("already used") != std::string::npos);
-    h.request(R"({"id":9,"op":"exec","argv":["true"]})");
-    CHECK(h.agent_reads() == R"({"id":9,"op":"exec","argv":["true"]})");
+    // Taken once the calls before it have answered; the requests after it wait for it.
+    h.request(R"({"id":1,"op":"exec","argv":["sleep","1"]})");
+    CHECK(h.agent_reads() == R"({"id":1,"op":"exec","argv":["sleep","1"]})");
+    h.request(R"({"id":2,"op":"snapshot","name":"after-1"})" "\n" R"({"id":3,"op":"exec","argv":["true"]})");
+    std::this_thread::sleep_for(200ms);
+    CHECK(names == std::vector<std::string>{"fork-1"});
+    h.agent_says(R"({"id":1,"exit_code":0})");
+    CHECK(h.response() == R"({"id":1,"exit_code":0})");
+    CHECK(h.response() == R"({"id":2,"snapshot":{"path":"/s/after-1"}})");
+    CHECK(h.agent_reads() == R"({"id":3,"op":"exec","argv":["true"]})");
+    h.agent_says(R"({"id":3,"exit_code":0})");
+    CHECK(h.response() == R"({"id":3,"exit_code":0})");
+    // One never answered is pending like any call; what was sent after it waits, and both get
+    // an error when the episode ends.
+    h.request(R"({"id":8,"op":"snapshot","name":"never"})" "\n" R"({"id":9,"op":"exec","argv":["true"]})");
+    std::this_thread::sleep_for(100ms);
     h.agent.reset();
     h.wait_end();
-    CHECK(names == std::vector<std::string>{"fork-1", "never"});
+    CHECK(names == std::vector<std::string>{"fork-1", "after-1", "never"});
     h.relay->stop_output();
     CHECK(h.relay->fail_pending("vm_died", "gone") == 2);
     h.relay->flush_output();

@@ -199,6 +199,16 @@ def snapshot_faults():
         expect(again.get("error", {}).get("code") == "snapshot_failed" and "already exists" in again["error"]["message"],
                f"a name in use: {again}")
         seen.append("a name in use refused")
+        # Two at once on one parent: taken one after the other, never interleaved.
+        first, second = ep.send({"op": "snapshot", "name": "twin-1"}), ep.send({"op": "snapshot", "name": "twin-2"})
+        answers = [ep.result(first)[1], ep.result(second)[1]]
+        expect(all("snapshot" in a for a in answers), f"two snapshots at once: {answers}")
+        twin = Episode(AGENTVM, "--snapshot", answers[1]["snapshot"]["path"])
+        try:
+            child_state(twin)
+        finally:
+            twin.kill()
+        seen.append("two snapshots requested at once both taken, one after the other")
         full = os.path.join(SNAPS, "full")
         os.mkdir(full)
         subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", full], check=True)
