@@ -201,8 +201,9 @@ TEST_CASE("run_code: cells take turns, beside exec calls; the interpreter outliv
     const std::string marker = "3000." + std::to_string(::getpid()) + "1";
     {
         Client client(agent);
-        // Two cells pipelined run in order; an exec sent after them answers first.
-        client.send({{"id", 1}, {"op", "run_code"}, {"code", "import time\ntime.sleep(0.5)\norder = [1]"}});
+        // Two cells pipelined run in order; an exec sent after them answers first (the first
+        // cell takes 2 s, so that it does even on a loaded machine).
+        client.send({{"id", 1}, {"op", "run_code"}, {"code", "import time\ntime.sleep(2)\norder = [1]"}});
         client.send({{"id", 2}, {"op", "run_code"}, {"code", "order.append(2)\norder"}});
         client.send({{"id", 3}, {"op", "exec"}, {"argv", {"true"}}});
         std::vector<int> answered;
