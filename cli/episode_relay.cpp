@@ -192,7 +192,9 @@ void EpisodeRelay::take_next_snapshot()
 {
     if (snapshot_running_ || snapshots_waiting_.empty() || !pending_.empty() || ended_)
         return;
-    auto [id, name] = snapshots_waiting_.front();
+    // Named copies, not a structured binding: clang 14 cannot capture a binding in a lambda.
+    const std::string id = snapshots_waiting_.front().first;
+    const std::string name = snapshots_waiting_.front().second;
     snapshots_waiting_.pop_front();
     snapshot_running_ = true;
     snapshot_handler_(name, [this, id](Json answer) {
