@@ -10,6 +10,8 @@
 
 #include <charconv>
 #include <filesystem>
+#include <string>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -54,6 +56,25 @@ PoolConfig parse_pool_spec(const std::string& text, const std::string& template_
     return pool;
 }
 
+namespace {
+
+// The Unix socket files serve made, removed however serve ends: a socket file left by a serve
+// that failed to start (a locked --state-dir, say) would look to a waiting client like a serve
+// that is up, and answer it ECONNREFUSED.
+struct SocketFiles {
+    std::vector<std::string> paths;
+    SocketFiles() = default;
+    SocketFiles(const SocketFiles&) = delete;
+    SocketFiles& operator=(const SocketFiles&) = delete;
+    ~SocketFiles()
+    {
+        for (const std::string& path : paths)
+            ::unlink(path.c_str());
+    }
+};
+
+} // namespace
+
 int run_serve(const ServeConfig& config)
 {
     sigset_t stop_signals;
@@ -67,11 +88,11 @@ int run_serve(const ServeConfig& config)
         throw_errno("signalfd");
 
     std::vector<Fd> listeners;
-    std::vector<std::string> socket_files;
+    SocketFiles socket_files;
     for (const ListenSpec& spec : config.listen) {
         listeners.push_back(spec.tcp ? listen_tcp(spec.host, spec.port) : listen_unix(spec.path));
         if (!spec.tcp)
-            socket_files.push_back(spec.path);
+            socket_files.paths.push_back(spec.path);
     }
 
     EventLoop loop;
@@ -104,8 +125,6 @@ int run_serve(const ServeConfig& config)
     loop.run();
     loop.unwatch(signals.get());
     spdlog::info("stopped by {}", strsignal(stop_signal));
-    for (const std::string& path : socket_files)
-        ::unlink(path.c_str());
     return 0;
 }
 

@@ -9,6 +9,7 @@ import base64
 import http.client
 import json
 import os
+import shutil
 import signal
 import socket
 import stat
@@ -23,12 +24,18 @@ from serve_client import UnixConnection, call, free_port, json_error  # noqa: E4
 import serve_client  # noqa: E402
 
 
-def Serve(*args):
-    # No pool: these cases need no VM, and none is started.
-    return serve_client.Serve(SERVE, "--pool", "default=0", *args)
-
 SERVE = sys.argv[1]
 TMP = tempfile.mkdtemp(prefix="agentvm-serve-test-")
+serves_started = 0
+
+
+def Serve(*args):
+    # No pool: these cases need no VM, and none is started. Its log goes under TMP, which the
+    # check removes at the end.
+    global serves_started
+    serves_started += 1
+    return serve_client.Serve(SERVE, "--pool", "default=0", *args,
+                              log_path=os.path.join(TMP, f"serve-{serves_started}.log"))
 
 
 def unix_listener():
@@ -172,9 +179,30 @@ def limits_and_garbage():
     return f"413 for 2 MiB by Content-Length (unsent) and chunked, garbage refused or closed, healthz beside 300 idle connections, one thread ({took * 1000:.0f} ms)"
 
 
+def state_dir_in_use():
+    # A serve that cannot start (another holds its --state-dir) says why, exits non-zero and
+    # leaves no socket file: one left behind looks to a waiting client like a serve that is up.
+    state = os.path.join(TMP, "shared-state")
+    first_path, second_path = os.path.join(TMP, "first.sock"), os.path.join(TMP, "second.sock")
+    first = Serve("--listen", f"unix:{first_path}", "--state-dir", state)
+    try:
+        first.wait_listening(lambda: UnixConnection(first_path))
+        second = subprocess.run([SERVE, "--pool", "default=0", "--listen", f"unix:{second_path}", "--state-dir", state],
+                                capture_output=True, text=True, timeout=30)
+        expect(second.returncode != 0, f"a second serve on the same --state-dir exited 0: {second.stderr}")
+        expect("in use by another agentvm serve" in second.stderr, f"the error: {second.stderr!r}")
+        expect(not os.path.exists(second_path), "the failed serve left its socket file")
+        status, _, _ = call(UnixConnection(first_path), "GET", "/healthz")
+        expect(status == 200, f"the first serve answers {status} after the second failed")
+    finally:
+        first.stop()
+    return f"refused: {second.stderr.strip().splitlines()[-1][:120]}; no socket file left; the first serve answers"
+
+
 def main():
     results = [run_case(case.__name__, case) for case in
-               [unix_listener, tcp_needs_token, token_auth, limits_and_garbage]]
+               [unix_listener, tcp_needs_token, token_auth, limits_and_garbage, state_dir_in_use]]
+    shutil.rmtree(TMP, ignore_errors=True)
     sys.exit(0 if all(results) else 1)
 
 

@@ -402,8 +402,10 @@ def python_client_and_serve_pool():
     expect(embedded == "made-by-run\n", f"embedded: {embedded!r}")
     tmp = os.environ.get("TMPDIR", "/tmp")
     sock = os.path.join(tmp, f"template-serve-{os.getpid()}.sock")
+    # Its own state directory: the default one, under /var/lib, is read-only in the test host.
+    state = os.path.join(WORK, "serve-state")
     serve = subprocess.Popen([AGENTVM, "serve", "--listen", "unix:" + sock, "--pool", "cf=1", "--template-store", STORE,
-                              "--log-level", "warn"], stderr=subprocess.PIPE, text=True)
+                              "--state-dir", state, "--log-level", "warn"], stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 300
         while not os.path.exists(sock):
@@ -414,6 +416,10 @@ def python_client_and_serve_pool():
         with Sandbox(url="unix:" + sock, template="cf") as sb:
             served = sb.commands.run("cat hello.txt; echo $GREETING").stdout
         expect(served == "copied by COPY\nfrom-containerfile\n", f"served: {served!r}")
+    except Exception as e:
+        if serve.poll() is not None:
+            raise Failed(f"{e}; serve exited {serve.returncode}: {serve.stderr.read()[-2000:]}") from e
+        raise
     finally:
         serve.terminate()
         serve.wait(timeout=120)
