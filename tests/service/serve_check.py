@@ -842,6 +842,16 @@ def fork_pause_resume():
         slow.join(60)
         expect(status == 409 and json_error(data) == "busy", f"pause with a call running: {status} {data!r}")
         seen.append("resume of a running sandbox and pause during a call refused")
+        # A sandbox whose VM died can be neither forked nor paused; the error is clean.
+        doomed = create(sock=sock)
+        info = ok_json("GET", f"/v1/sandboxes/{doomed['id']}", sock=sock)
+        for vmm in children(info["pid"]):
+            os.kill(vmm, signal.SIGKILL)
+        for action, body in (("fork", {"count": 1}), ("pause", {})):
+            status, _, data = request("POST", f"/v1/sandboxes/{doomed['id']}/{action}", body, sock=sock)
+            expect(status in (404, 500, 502) and json_error(data) in ("not_found", "snapshot_failed", "vm_died"),
+                   f"{action} of a sandbox whose VM died: {status} {data!r}")
+        seen.append("fork and pause of a sandbox whose VM died refused")
         delete(pid, sock=sock)
         # Its VM ends after the answer; then its snapshot and the chain below go.
         deadline = time.monotonic() + 30
