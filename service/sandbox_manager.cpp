@@ -33,6 +33,18 @@ uint64_t host_available_mib()
     throw Error("/proc/meminfo has no MemAvailable");
 }
 
+// The 503 a VM start gets while the host has less than the reserve available.
+std::optional<Refusal> below_memory_reserve(uint64_t reserve_mib)
+{
+    const uint64_t available = host_available_mib();
+    if (available >= reserve_mib)
+        return std::nullopt;
+    return Refusal{503, "memory_reserve",
+                   fmt::format("the host has {} MiB available, under the {} MiB reserve (--mem-reserve)", available,
+                               reserve_mib),
+                   5};
+}
+
 double seconds_since(Sandbox::Clock::time_point start)
 {
     return std::chrono::duration<double>(Sandbox::Clock::now() - start).count();
@@ -137,13 +149,7 @@ std::optional<Refusal> SandboxManager::admit(Pool& pool)
             return Refusal{429, "at_capacity",
                            fmt::format("{} VMs are running, the most --max-sandboxes allows", live_vms()), 1};
     }
-    const uint64_t available = host_available_mib();
-    if (available < config_.mem_reserve_mib)
-        return Refusal{503, "memory_reserve",
-                       fmt::format("the host has {} MiB available, under the {} MiB reserve (--mem-reserve)",
-                                   available, config_.mem_reserve_mib),
-                       5};
-    return std::nullopt;
+    return below_memory_reserve(config_.mem_reserve_mib);
 }
 
 void SandboxManager::create(const std::string& pool_name, Sandbox::Settings settings, CreateDone done)
@@ -434,13 +440,7 @@ std::optional<Refusal> SandboxManager::admit_restores(unsigned count)
                        fmt::format("{} VMs are running and {} more would pass --max-sandboxes {}", live_vms(), count,
                                    config_.max_sandboxes),
                        1};
-    const uint64_t available = host_available_mib();
-    if (available < config_.mem_reserve_mib)
-        return Refusal{503, "memory_reserve",
-                       fmt::format("the host has {} MiB available, under the {} MiB reserve (--mem-reserve)",
-                                   available, config_.mem_reserve_mib),
-                       5};
-    return std::nullopt;
+    return below_memory_reserve(config_.mem_reserve_mib);
 }
 
 void SandboxManager::take_snapshot(Sandbox& sandbox, const std::string& kind,
