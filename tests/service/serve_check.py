@@ -421,7 +421,8 @@ def run_code():
     r = run(code="import sys\nprint('bad', file=sys.stderr)\nsys.exit(3)", language="python")
     expect(r["status"] == "Failed" and r["run_result"]["return_code"] == 3
            and r["run_result"]["stderr"] == "bad\n", f"failure: {r}")
-    r = run(code="import time\nprint('started', flush=True)\ntime.sleep(30)", language="python", run_timeout=5)
+    # 15 s: under emulation on a loaded host, python3's start in a fresh sandbox took more than 5.
+    r = run(code="import time\nprint('started', flush=True)\ntime.sleep(60)", language="python", run_timeout=15)
     expect(r["status"] == "Failed" and r["run_result"]["status"] == "TimeLimitExceeded"
            and r["run_result"]["stdout"] == "started\n", f"timeout: {r}")
     files = {"data/in.txt": base64.b64encode(b"41").decode()}
