@@ -407,6 +407,9 @@ def errors():
 
 def run_code():
     def run(**body):
+        # Not SandboxFusion's 10 s default: under emulation on a loaded host a fresh sandbox's
+        # python3 took more than 10 s to start.
+        body.setdefault("run_timeout", 60)
         r = ok_json("POST", "/run_code", body)
         expect(set(r) == {"status", "message", "compile_result", "run_result", "executor_pod_name", "files"},
                f"fields: {sorted(r)}")
