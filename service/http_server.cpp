@@ -449,27 +449,47 @@ bool HttpServer::queue(HttpExchange& exchange)
     return exchange.queued_;
 }
 
+namespace {
+
+// Removes a socket file left at `path` by an earlier serve; refuses to touch anything else.
+void remove_stale_socket(const std::string& path, const std::string& listen_path)
+{
+    struct stat st {};
+    if (::lstat(path.c_str(), &st) != 0)
+        return;
+    if (!S_ISSOCK(st.st_mode))
+        throw Error(fmt::format("--listen unix:{}: '{}' exists and is not a socket", listen_path, path));
+    ::unlink(path.c_str());
+}
+
+} // namespace
+
 Fd listen_unix(const std::string& path)
 {
+    // Bound and listening under a temporary name, then renamed into place: the path appears
+    // only once it accepts, so a client that waits for it never meets ECONNREFUSED.
+    constexpr std::string_view bound_suffix = ".new";
+    const std::string bound_path = path + std::string(bound_suffix);
     sockaddr_un address{};
     address.sun_family = AF_UNIX;
-    if (path.empty() || path.size() >= sizeof address.sun_path)
-        throw Error(fmt::format("--listen unix:{}: the path must be 1 to {} bytes", path, sizeof address.sun_path - 1));
-    std::memcpy(address.sun_path, path.data(), path.size());
+    if (path.empty() || bound_path.size() >= sizeof address.sun_path)
+        throw Error(fmt::format("--listen unix:{}: the path must be 1 to {} bytes", path,
+                                sizeof address.sun_path - 1 - bound_suffix.size()));
+    std::memcpy(address.sun_path, bound_path.data(), bound_path.size());
     Fd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
     if (!fd)
         throw_errno("creating a Unix socket");
-    struct stat st {};
-    if (::lstat(path.c_str(), &st) == 0) {
-        if (!S_ISSOCK(st.st_mode))
-            throw Error(fmt::format("--listen unix:{}: the path exists and is not a socket", path));
-        ::unlink(path.c_str());
-    }
+    remove_stale_socket(path, path);
+    remove_stale_socket(bound_path, path);
     if (::bind(fd.get(), reinterpret_cast<const sockaddr*>(&address), sizeof address) != 0)
         throw_errno(fmt::format("--listen unix:{}: bind", path));
-    // Nobody can connect before listen(): the mode is set with no window open.
-    if (::chmod(path.c_str(), 0600) != 0 || ::listen(fd.get(), 1024) != 0)
-        throw_errno(fmt::format("--listen unix:{}", path));
+    // The mode is set before the socket can be reached by its real name.
+    if (::chmod(bound_path.c_str(), 0600) != 0 || ::listen(fd.get(), 1024) != 0 ||
+        ::rename(bound_path.c_str(), path.c_str()) != 0) {
+        const int err = errno;
+        ::unlink(bound_path.c_str());
+        throw_errno(fmt::format("--listen unix:{}", path), err);
+    }
     return fd;
 }
 

@@ -45,6 +45,7 @@ def unix_listener():
         serve.wait_listening(lambda: UnixConnection(path))
         mode = stat.S_IMODE(os.stat(path).st_mode)
         expect(mode == 0o600, f"socket mode {mode:o}")
+        expect(not os.path.exists(path + ".new"), "the temporary name it was bound under is left")
         conn = UnixConnection(path)
         status, headers, data = call(conn, "GET", "/healthz")
         expect(status == 200 and json.loads(data) == {"status": "ok"}, f"healthz: {status} {data!r}")
