@@ -85,29 +85,27 @@ python_tier() {
   AGENTVM_TESTHOST_QUIET=1 python/tests/run.sh -p no:cacheprovider --junitxml=build/python-tests.xml
 }
 rm -f build/python-tests.xml build/python-tests.log  # never count or show an earlier run's
-if [[ $(tests/testhost/run --where) == testhost ]]; then
-  say "every tier (build/), and the Python client (python/tests/run.sh) beside it"
-  if build_for_tests build; then
+beside=0
+[[ $(tests/testhost/run --where) == testhost ]] && beside=1
+say "every tier (build/)$( ((beside)) && echo ", and the Python client (python/tests/run.sh) beside it")"
+if build_for_tests build; then
+  if ((beside)); then
     python_tier >build/python-tests.log 2>&1 </dev/null &
     python_pid=$!
     trap 'kill "$python_pid" 2>/dev/null' EXIT
-    meson test -C build --print-errorlogs || status=1
+  fi
+  meson test -C build --print-errorlogs || status=1
+  if ((beside)); then
     say "meson's tests done; the Python client's:"
     wait "$python_pid" || status=1
     trap - EXIT
     cat build/python-tests.log
   else
-    status=1
-  fi
-else
-  say "every tier (build/)"
-  if build_for_tests build; then
-    meson test -C build --print-errorlogs || status=1
     say "Python client (pytest, python/tests/run.sh)"
     python_tier || status=1
-  else
-    status=1
   fi
+else
+  status=1
 fi
 
 python3 - build-asan/meson-logs/testlog.json build-fuzz/meson-logs/testlog.json build/meson-logs/testlog.json \
