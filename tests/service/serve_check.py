@@ -23,7 +23,7 @@ import threading
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "vm"))
-from checks import expect, run_case  # noqa: E402
+from checks import expect, rises, run_case  # noqa: E402
 from serve_client import Serve, UnixConnection, call, json_error  # noqa: E402
 
 SERVE = sys.argv[1]
@@ -783,10 +783,7 @@ def fork_pause_resume():
         return ok_json("POST", f"/v1/sandboxes/{sid}/run_code", {"code": source}, sock=sock)
 
     def counting(sid):
-        first = int(sh(sid, "tail -n 1 /work/counter") or 0)
-        time.sleep(0.5)
-        second = int(sh(sid, "tail -n 1 /work/counter") or 0)
-        expect(second > first, f"{sid}: the background job stopped counting ({first}, {second})")
+        rises(lambda: int(sh(sid, "tail -n 1 /work/counter") or 0), 30, f"{sid}: the background job stopped counting")
 
     def kept(sid, cycles=0):
         seen = sh(sid, "cat /work/file; pwd; echo $FORKVAR; jobs | wc -l").split()

@@ -1,6 +1,7 @@
 """What the vm-tier check scripts share: a failed expectation, and running named cases so that
 each prints "ok <case>: <what was seen>" or "FAIL <case>: <why>", which the doctest wrappers
 look for one by one."""
+import time
 import traceback
 
 
@@ -11,6 +12,21 @@ class Failed(Exception):
 def expect(cond, why):
     if not cond:
         raise Failed(why)
+
+
+def rises(read, within, what):
+    """Reads a count with read() until it exceeds the first one read, for up to `within`
+    seconds; returns the new count. A job that runs every 100 ms can still miss half a second
+    when the emulated test host shares its core with other tests, so the bound is generous;
+    a job that stopped never passes."""
+    first = read()
+    deadline = time.monotonic() + within
+    while True:
+        time.sleep(0.2)
+        now = read()
+        if now > first:
+            return now
+        expect(time.monotonic() < deadline, f"{what}: still {now} after {within} s (first {first})")
 
 
 def run_case(name, fn, *args, expected=()):
