@@ -54,11 +54,12 @@ def cache_dir():
 # ---------------------------------------------------------------- host detection
 
 def host_kind():
-    """'hardware', 'pvm' or 'none' (no usable /dev/kvm, or no vmx/svm)."""
-    if os.path.isdir("/sys/module/kvm_pvm"):
-        return "pvm"
+    """'hardware', 'pvm' or 'none' (no usable /dev/kvm, or no vmx/svm). A machine that is
+    itself a PVM guest has the kvm_pvm module but no /dev/kvm: that is 'none'."""
     if not os.path.exists("/dev/kvm") or not os.access("/dev/kvm", os.R_OK | os.W_OK):
         return "none"
+    if os.path.isdir("/sys/module/kvm_pvm"):
+        return "pvm"
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
