@@ -1,5 +1,6 @@
-// The episode's "snapshot" op: pause the running VM, write what it holds as a live snapshot
-// (vmm/snapshot.hpp), let it run on, and answer with where the snapshot is and what it cost.
+// The episode's "snapshot" op: write what the running VM holds as a live snapshot
+// (vmm/snapshot.hpp), copying most of it while the VM runs and the rest with it briefly
+// paused, and answer with where the snapshot is and what it cost.
 #pragma once
 
 #include <functional>
@@ -11,9 +12,13 @@
 
 namespace agentvm {
 
-// On the VM's loop thread while it runs. `answer` gets, exactly once,
-//   {"snapshot": {"path", "memory_bytes", "disk_bytes", "state_bytes", "pause_ms", "ms"}}
-// (bytes of data stored; pause_ms: how long the vCPUs were parked) or
+// On the VM's loop thread while it runs; the answer comes later on that thread. `answer` gets,
+// exactly once,
+//   {"snapshot": {"path", "memory_bytes", "disk_bytes", "state_bytes", "copied_running_bytes",
+//                 "copied_paused_bytes", "tracked", "pause_ms", "ms"}}
+// (bytes of data stored; bytes copied while the VM ran and while it was paused; whether the
+// pages written during the copy were told apart, else the pause copied them all again;
+// pause_ms: from asking the vCPUs to park to resuming them) or
 //   {"error": {"code": "snapshot_failed", "message"}}; the VM runs on either way.
 void take_live_snapshot(Vm& vm, const SnapshotWriter& writer, const std::string& dir,
                         std::function<void(Json answer)> answer);

@@ -1,5 +1,6 @@
 #include "core/guest_memory.hpp"
 
+#include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -11,6 +12,7 @@
 #include <utility>
 
 #include "core/layout.hpp"
+#include "core/soft_dirty.hpp"
 
 namespace agentvm {
 
@@ -113,11 +115,17 @@ void GuestMemory::map_layer(const MemoryLayer& layer, const std::string& name)
     }
 }
 
-std::vector<IndexRun> GuestMemory::private_pages(int pagemap_fd) const
+GuestMemory::PrivatePages GuestMemory::private_pages(int pagemap_fd) const
 {
     if (!private_copy_)
         throw Error("guest RAM is not mapped from a snapshot: it has no pages of its own to tell apart");
-    std::vector<IndexRun> runs;
+    PrivatePages found;
+    const auto add = [](std::vector<IndexRun>& runs, uint64_t page) {
+        if (!runs.empty() && runs.back().first + runs.back().count == page)
+            ++runs.back().count;
+        else
+            runs.push_back({page, 1});
+    };
     const uint64_t pages = ram_size_ / page_size;
     constexpr uint64_t chunk = 4096;  // entries per read: 32 KiB
     std::vector<uint64_t> entries(chunk);
@@ -131,16 +139,15 @@ std::vector<IndexRun> GuestMemory::private_pages(int pagemap_fd) const
         for (uint64_t i = 0; i < count; ++i) {
             if (!is_private_copy(entries[i]))
                 continue;
-            if (!runs.empty() && runs.back().first + runs.back().count == page + i)
-                ++runs.back().count;
-            else
-                runs.push_back({page + i, 1});
+            add(found.owned, page + i);
+            if (entries[i] & pagemap_soft_dirty)
+                add(found.soft_dirty, page + i);
         }
     }
-    return runs;
+    return found;
 }
 
-uint64_t GuestMemory::save_pages_to(int out_fd, std::span<const IndexRun> runs) const
+uint64_t GuestMemory::save_pages_to(int out_fd, std::span<const IndexRun> runs, bool over_old) const
 {
     const uint64_t pages = ram_size_ / page_size;
     uint64_t written = 0;
@@ -150,8 +157,13 @@ uint64_t GuestMemory::save_pages_to(int out_fd, std::span<const IndexRun> runs) 
         uint64_t page = run.first * page_size;
         const uint64_t end = (run.first + run.count) * page_size;
         while (page < end) {
+            const uint64_t zeros_start = page;
             while (page < end && all_zero(mapping_ + page))
                 page += page_size;
+            if (over_old && page > zeros_start
+                && ::fallocate(out_fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(zeros_start),
+                               static_cast<off_t>(page - zeros_start)) != 0)
+                throw_errno("punching zero pages out of the snapshot memory file");
             uint64_t data_end = page;
             while (data_end < end && !all_zero(mapping_ + data_end))
                 data_end += page_size;

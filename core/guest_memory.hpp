@@ -59,12 +59,19 @@ public:
 
     // RAM mapped from a snapshot: the pages this process holds its own copies of, which the
     // guest or a device wrote since the restore (the rest are still the snapshot's files'),
-    // in order. pagemap_fd: /proc/self/pagemap, opened before the process was jailed. Throws
-    // Error on RAM not mapped from a snapshot or a failed read.
-    std::vector<IndexRun> private_pages(int pagemap_fd) const;
-    // Writes the runs' pages into out_fd (an empty regular file) at their offsets, all-zero
-    // pages as holes, and sizes it to RAM. Returns the bytes of data written.
-    uint64_t save_pages_to(int out_fd, std::span<const IndexRun> runs) const;
+    // and of those the ones whose soft-dirty bit is set (core/soft_dirty.hpp: written since
+    // the bits were last cleared), each in order. pagemap_fd: /proc/self/pagemap, opened
+    // before the process was jailed. Throws Error on RAM not mapped from a snapshot or a
+    // failed read.
+    struct PrivatePages {
+        std::vector<IndexRun> owned;
+        std::vector<IndexRun> soft_dirty;
+    };
+    PrivatePages private_pages(int pagemap_fd) const;
+    // Writes the runs' pages into out_fd at their offsets and sizes it to RAM. All-zero pages
+    // are left as holes: in an empty file by skipping them, over data an earlier save wrote
+    // (`over_old`) by punching them. Returns the bytes of data written.
+    uint64_t save_pages_to(int out_fd, std::span<const IndexRun> runs, bool over_old = false) const;
     bool from_snapshot_file() const { return private_copy_; }
 
     // Makes pages [first_page, first_page + count) of RAM, numbered as in the backing file, the

@@ -251,8 +251,25 @@ void CowDisk::mark_written(uint64_t sector, uint64_t count)
     if (!in_range(sector, count))
         throw GuestError(fmt::format("sectors [{}, +{}) are outside the disk of {} sectors", sector, count,
                                      capacity_sectors_));
-    for (uint64_t s = sector; s < sector + count; ++s)
+    for (uint64_t s = sector; s < sector + count; ++s) {
         written_[s / 64] |= uint64_t{1} << (s % 64);
+        if (!tracked_.empty())
+            tracked_[s / 64] |= uint64_t{1} << (s % 64);
+    }
+}
+
+void CowDisk::track_writes()
+{
+    tracked_.assign(written_.size(), 0);
+}
+
+std::vector<std::pair<uint64_t, uint64_t>> CowDisk::tracked_byte_ranges()
+{
+    std::vector<uint64_t> tracked = std::move(tracked_);
+    tracked_.clear();
+    if (tracked.empty())
+        return {};
+    return byte_ranges(capacity_sectors_, tracked, [&tracked](uint64_t s) { return bit(tracked, s); });
 }
 
 uint64_t CowDisk::check_request(uint64_t sector, std::span<const iovec> iov) const

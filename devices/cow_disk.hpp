@@ -106,6 +106,13 @@ public:
     void read(EventLoop& loop, uint64_t sector, std::span<const iovec> iov, Completion done);
     void write(EventLoop& loop, uint64_t sector, std::span<const iovec> iov, Completion done);
 
+    // A live snapshot copies the overlay's sectors while the VM runs, then, with it paused,
+    // those written meanwhile: from track_writes() on, every write that completes is also
+    // recorded apart, until tracked_byte_ranges() hands them over (as overlay_byte_ranges)
+    // and stops.
+    void track_writes();
+    std::vector<std::pair<uint64_t, uint64_t>> tracked_byte_ranges();
+
     State save() const;
     // Makes `layer` (a snapshot's disk file of this disk's size, only ever read) hold the
     // sectors `state` marks, under an empty overlay. Throws Error when the state is for a disk
@@ -139,6 +146,7 @@ private:
     uint64_t capacity_sectors_ = 0;
     uint64_t base_sectors_ = 0;
     std::vector<uint64_t> written_;  // the overlay's sectors, as State::written
+    std::vector<uint64_t> tracked_;  // as written_, since track_writes(); empty when not tracking
     std::vector<Layer> layers_;  // lowest first
 };
 

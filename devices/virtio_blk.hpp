@@ -93,6 +93,7 @@ public:
     // Disk operations submitted whose completion has not run (including ones from before a reset).
     size_t in_flight() const;
     const CowDisk& disk() const { return disk_; }
+    CowDisk& disk() { return disk_; }
 
     // Quiesce first: throws Error while requests are in flight.
     State save() const;

@@ -102,6 +102,35 @@ constexpr std::array snapshot_syscalls = {
     SCMP_SYS(ftruncate),
     SCMP_SYS(copy_file_range), // the disk overlay's written ranges
     SCMP_SYS(fsync),
+    SCMP_SYS(fallocate),       // punching pages that became zeros out of a live snapshot's memory
+};
+
+// A live snapshot's worker thread (core/loop_worker.hpp): clearing the soft-dirty bits and
+// reading pagemap, copying guest RAM and the disk overlay into the snapshot's files while the
+// VM runs, then syncing and hashing them and writing the manifest; its own memory and the
+// eventfd that reports a job done. Plus snapshot_syscalls.
+constexpr std::array snapshot_worker_syscalls = {
+    SCMP_SYS(futex),
+    SCMP_SYS(read),
+    SCMP_SYS(write),           // clear_refs, the eventfd, log lines
+    SCMP_SYS(fstat),
+    SCMP_SYS(newfstatat),
+    SCMP_SYS(close),
+    SCMP_SYS(mmap),
+    SCMP_SYS(munmap),
+    SCMP_SYS(mprotect),
+    SCMP_SYS(mremap),
+    SCMP_SYS(brk),
+    SCMP_SYS(madvise),
+    SCMP_SYS(clock_gettime),
+    SCMP_SYS(getpid),
+    SCMP_SYS(gettid),
+    SCMP_SYS(rt_sigprocmask),
+    SCMP_SYS(rt_sigreturn),
+    SCMP_SYS(sigaltstack),
+    SCMP_SYS(restart_syscall),
+    SCMP_SYS(exit),
+    SCMP_SYS(exit_group),
 };
 
 // The ioctls a vCPU thread makes: entering the guest, and the serial port's interrupt line.
@@ -146,6 +175,8 @@ const char* role_name(SeccompRole role)
     case SeccompRole::io_loop:
     case SeccompRole::io_loop_snapshot:
         return "the I/O loop thread";
+    case SeccompRole::snapshot_worker:
+        return "the snapshot worker thread";
     }
     return "?";
 }
@@ -216,6 +247,9 @@ void install_seccomp(SeccompRole role)
     if (role == SeccompRole::vcpu) {
         allow(vcpu_syscalls);
         allow_ioctls(vcpu_ioctls);
+    } else if (role == SeccompRole::snapshot_worker) {
+        allow(snapshot_worker_syscalls);
+        allow(snapshot_syscalls);
     } else {
         allow(io_loop_syscalls);
         allow_ioctls(io_loop_ioctls);

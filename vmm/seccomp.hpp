@@ -21,6 +21,7 @@ enum class SeccompRole {
     vcpu,
     io_loop,           // serves a VM: agentvm run, episode, boot
     io_loop_snapshot,  // ... and then writes its snapshot: agentvm snapshot bake
+    snapshot_worker,   // copies, syncs and hashes a live snapshot beside the I/O loop
 };
 
 // Installs the SIGSYS reporter (once per process) and the role's filter on this thread.

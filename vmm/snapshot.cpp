@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
@@ -170,6 +171,8 @@ public:
         }
     }
     const fs::path& path() const { return path_; }
+    // Hands the directory over: the caller removes it now.
+    fs::path release() { return std::exchange(path_, {}); }
     void commit(const fs::path& target)
     {
         if (::rename(path_.c_str(), target.c_str()) != 0)
@@ -250,72 +253,87 @@ SnapshotWriter::SnapshotWriter(const Kvm& kvm, const VmConfig& config, std::opti
     origin_ = std::move(origin->parent);
 }
 
-SnapshotSummary SnapshotWriter::write_live(const Vm& vm, const std::string& dir,
-                                           const std::function<void()>& captured) const
+std::unique_ptr<LiveSnapshot> SnapshotWriter::begin_live(Vm& vm, const std::string& dir) const
 {
-    bool released = false;
-    const auto release = [&] {
-        if (!released) {
-            released = true;
-            captured();
-        }
-    };
-    try {
-        const fs::path target = fs::absolute(dir);
-        if (fs::exists(target))
-            throw Error(fmt::format("snapshot directory '{}' already exists", dir));
-        if (!fs::is_directory(target.parent_path()))
-            throw Error(fmt::format("cannot create snapshot directory '{}': '{}' is not a directory", dir,
-                                    target.parent_path().string()));
-        if (origin_ && origin_->depth + 1 > max_snapshot_depth)
-            throw Error(fmt::format("the VM was restored from a snapshot {} deep, and a chain of live snapshots "
-                                    "goes at most {} deep",
-                                    origin_->depth, max_snapshot_depth));
-        check_disk_size(vm);
-        PartialDir partial(target);
-        SnapshotSummary summary;
-        summary.dir = target.string();
-        json manifest = manifest_;
-        if (vm.disk_bytes() != 0)
-            manifest["disk_bytes"] = vm.disk_bytes();
+    const fs::path target = fs::absolute(dir);
+    if (fs::exists(target))
+        throw Error(fmt::format("snapshot directory '{}' already exists", dir));
+    if (!fs::is_directory(target.parent_path()))
+        throw Error(fmt::format("cannot create snapshot directory '{}': '{}' is not a directory", dir,
+                                target.parent_path().string()));
+    if (origin_ && origin_->depth + 1 > max_snapshot_depth)
+        throw Error(fmt::format("the VM was restored from a snapshot {} deep, and a chain of live snapshots "
+                                "goes at most {} deep",
+                                origin_->depth, max_snapshot_depth));
+    check_disk_size(vm);
+    PartialDir partial(target);
+    std::unique_ptr<LiveSnapshot> live(new LiveSnapshot);
+    live->target_ = target;
+    live->manifest_ = manifest_;
+    if (vm.disk_bytes() != 0)
+        live->manifest_["disk_bytes"] = vm.disk_bytes();
+    live->origin_ = origin_;
+    live->memory_ = create_file(partial.path() / memory_name);
+    live->disk_ = create_file(partial.path() / disk_name);
+    if (origin_)
+        live->disk_to_copy_ = vm.start_live_copy();
+    live->partial_ = partial.release();
+    return live;
+}
 
-        json state = vm.save_state();
-        Fd memory_fd = create_file(partial.path() / memory_name);
-        Fd disk_fd = create_file(partial.path() / disk_name);
-        if (origin_) {
-            const std::vector<IndexRun> pages = vm.save_memory_delta(memory_fd.get());
-            const ByteRanges sectors = vm.save_disk_delta(disk_fd.get());
-            state["layer"] = {{"memory", state_codec::runs_to_json(pages)},
-                              {"disk", state_codec::runs_to_json(sector_runs(sectors))}};
-        } else {
-            vm.save_memory(memory_fd.get());
-            vm.save_disk(disk_fd.get());
-        }
-        const std::vector<uint8_t> state_bytes = encode_cbor(state);
-        Fd state_fd = create_file(partial.path() / state_name);
-        write_all(state_fd.get(), state_bytes.data(), state_bytes.size(), state_name);
-        release();
-
-        summary.state_bytes = state_bytes.size();
-        manifest["files"][state_name] = stored_file(state_fd.get(), partial.path() / state_name);
-        manifest["files"][memory_name] = stored_file(memory_fd.get(), partial.path() / memory_name);
-        manifest["files"][disk_name] = stored_file(disk_fd.get(), partial.path() / disk_name);
-        struct stat st {};
-        if (::fstat(memory_fd.get(), &st) == 0)
-            summary.memory_data_bytes = static_cast<uint64_t>(st.st_blocks) * 512;
-        if (::fstat(disk_fd.get(), &st) == 0)
-            summary.disk_data_bytes = static_cast<uint64_t>(st.st_blocks) * 512;
-        if (origin_)
-            manifest["parent"] = {{"dir", origin_->dir},
-                                  {"manifest_digest", origin_->manifest_digest},
-                                  {"depth", origin_->depth + 1}};
-        write_bytes_file(partial.path() / manifest_name, manifest.dump(2) + "\n");
-        partial.commit(target);
-        return summary;
-    } catch (...) {
-        release();
-        throw;
+LiveSnapshot::~LiveSnapshot()
+{
+    if (!partial_.empty()) {
+        std::error_code ec;
+        fs::remove_all(partial_, ec);
     }
+}
+
+void LiveSnapshot::copy_running(const Vm& vm)
+{
+    if (origin_)
+        vm.copy_live(copy_, disk_to_copy_, memory_.get(), disk_.get());
+}
+
+void LiveSnapshot::capture(Vm& vm)
+{
+    state_ = vm.save_state();
+    if (origin_) {
+        vm.finish_live_copy(copy_, memory_.get(), disk_.get());
+        state_["layer"] = {{"memory", state_codec::runs_to_json(copy_.pages)},
+                           {"disk", state_codec::runs_to_json(sector_runs(copy_.disk))}};
+    } else {
+        vm.save_memory(memory_.get());
+        vm.save_disk(disk_.get());
+    }
+}
+
+SnapshotSummary LiveSnapshot::finish()
+{
+    SnapshotSummary summary;
+    summary.dir = target_.string();
+    const std::vector<uint8_t> state_bytes = encode_cbor(state_);
+    Fd state_fd = create_file(partial_ / state_name);
+    write_all(state_fd.get(), state_bytes.data(), state_bytes.size(), state_name);
+    summary.state_bytes = state_bytes.size();
+    json manifest = manifest_;
+    manifest["files"][state_name] = stored_file(state_fd.get(), partial_ / state_name);
+    manifest["files"][memory_name] = stored_file(memory_.get(), partial_ / memory_name);
+    manifest["files"][disk_name] = stored_file(disk_.get(), partial_ / disk_name);
+    struct stat st {};
+    if (::fstat(memory_.get(), &st) == 0)
+        summary.memory_data_bytes = static_cast<uint64_t>(st.st_blocks) * 512;
+    if (::fstat(disk_.get(), &st) == 0)
+        summary.disk_data_bytes = static_cast<uint64_t>(st.st_blocks) * 512;
+    if (origin_)
+        manifest["parent"] = {{"dir", origin_->dir},
+                              {"manifest_digest", origin_->manifest_digest},
+                              {"depth", origin_->depth + 1}};
+    write_bytes_file(partial_ / manifest_name, manifest.dump(2) + "\n");
+    if (::rename(partial_.c_str(), target_.c_str()) != 0)
+        throw_errno(fmt::format("renaming the snapshot into '{}'", target_.string()));
+    partial_.clear();
+    return summary;
 }
 
 SnapshotSummary SnapshotWriter::write(const Vm& vm) const

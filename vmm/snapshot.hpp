@@ -8,7 +8,7 @@
 // A snapshot is written to a temporary directory beside the target and renamed into place,
 // so a crashed bake leaves no half snapshot under the target's name.
 //
-// A live snapshot (SnapshotWriter::write_live) of a VM restored from a snapshot stores only
+// A live snapshot (SnapshotWriter::begin_live) of a VM restored from a snapshot stores only
 // what the VM changed since: memory holds the pages it has its own copies of, disk the
 // sectors it wrote, both sparse at their offsets, and state.cbor's "layer" lists them (page
 // runs, byte ranges); the manifest's "parent" names the snapshot below by directory and the
@@ -42,6 +42,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 
@@ -73,6 +74,8 @@ struct SnapshotOrigin {
     nlohmann::json inputs;
 };
 
+class LiveSnapshot;
+
 class SnapshotWriter {
 public:
     SnapshotWriter(const Kvm& kvm, const VmConfig& config, const std::string& dir);
@@ -83,17 +86,53 @@ public:
     std::string parent_dir() const { return target_.parent_path().string(); }
     // Writes the snapshot of `vm`, whose run() has returned.
     SnapshotSummary write(const Vm& vm) const;
-    // Writes a live snapshot of `vm`, paused (Vm::pause), into `dir`, which must not exist.
-    // `captured` runs once everything the VM holds is written (the VM may run on from then);
-    // then the files are synced and hashed and the manifest written. Throws Error; nothing
-    // is left behind then, and `captured` has run if the VM's part was done.
-    SnapshotSummary write_live(const Vm& vm, const std::string& dir, const std::function<void()>& captured) const;
+    // Starts a live snapshot of `vm`, running (on its loop's thread), into `dir`, which must
+    // not exist. Throws Error; nothing is left behind then.
+    std::unique_ptr<LiveSnapshot> begin_live(Vm& vm, const std::string& dir) const;
 
 private:
     std::filesystem::path target_;
     std::string dir_;
     nlohmann::json manifest_;
     std::optional<SnapshotParent> origin_;  // the parent of every live snapshot
+};
+
+// A live snapshot being taken, in the order its steps run; each throws Error. Dropped before
+// finish() has returned, it removes what it wrote. Of a restored VM it copies most of what it
+// stores while the VM runs (vmm/live_copy.hpp); of a booted one, everything while it is paused.
+class LiveSnapshot {
+public:
+    ~LiveSnapshot();
+    LiveSnapshot(const LiveSnapshot&) = delete;
+    LiveSnapshot& operator=(const LiveSnapshot&) = delete;
+
+    // On the VM's worker thread (Vm::in_background), the VM running.
+    void copy_running(const Vm& vm);
+    // On the loop's thread, the VM paused (Vm::pause): what it wrote since, and its state. The
+    // VM may run on once this returns.
+    void capture(Vm& vm);
+    // On the worker thread, the VM running again: the state encoded, the files synced and
+    // hashed, the manifest written, the snapshot renamed into place.
+    SnapshotSummary finish();
+    // Bytes of memory and disk copied while the VM ran, and while it was paused.
+    uint64_t running_bytes() const { return copy_.running_bytes; }
+    uint64_t paused_bytes() const { return copy_.paused_bytes; }
+    // Whether the pages the VM wrote during the copy were told apart (core/soft_dirty.hpp).
+    bool tracked() const { return copy_.pages_tracked; }
+
+private:
+    friend class SnapshotWriter;
+    LiveSnapshot() = default;
+
+    std::filesystem::path target_;
+    std::filesystem::path partial_;  // removed unless renamed into place
+    nlohmann::json manifest_;
+    std::optional<SnapshotParent> origin_;  // a layered snapshot's parent
+    Fd memory_;
+    Fd disk_;
+    ByteRanges disk_to_copy_;
+    LiveCopy copy_;
+    nlohmann::json state_;
 };
 
 struct LoadedSnapshot {

@@ -120,6 +120,7 @@ Vm::Vm(const Kvm& kvm, const VmConfig& config, VmSnapshotData snapshot)
         pagemap_ = Fd(::open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC));
         if (!pagemap_)
             throw_errno("opening /proc/self/pagemap (live snapshots find the pages a VM wrote there)");
+        soft_dirty_ = std::make_unique<SoftDirtyBits>(pagemap_.get());
     }
     try {
         restore_state(snapshot.state, std::move(snapshot.disk), std::move(snapshot.disk_layers));
@@ -276,26 +277,62 @@ void Vm::save_disk(int fd) const
     copy_ranges(disk.overlay_fd(), fd, disk.overlay_byte_ranges(), size, "the disk overlay into the snapshot");
 }
 
-std::vector<IndexRun> Vm::save_memory_delta(int fd) const
+ByteRanges Vm::start_live_copy()
 {
     if (!pagemap_)
         throw Error("this VM was not restored for live snapshots: it cannot tell the pages it wrote");
-    // Each run is one mapping in every VM restored from the snapshot: merged across gaps
-    // (whose pages are written too, as they are now) until there are few enough.
-    const std::vector<IndexRun> runs = merge_runs(mem_.private_pages(pagemap_.get()), snapshot_page_gap, max_snapshot_page_runs);
-    mem_.save_pages_to(fd, runs);
-    return runs;
-}
-
-ByteRanges Vm::save_disk_delta(int fd) const
-{
     if (!blk_)
         return {};
-    const CowDisk& disk = blk_->disk();
-    ByteRanges ranges = disk.overlay_byte_ranges();
-    copy_ranges(disk.overlay_fd(), fd, ranges, disk.capacity_sectors() * CowDisk::sector_size,
-                "the disk overlay into the snapshot");
-    return ranges;
+    CowDisk& disk = blk_->disk();
+    disk.track_writes();
+    return disk.overlay_byte_ranges();
+}
+
+void Vm::copy_live(LiveCopy& copy, const ByteRanges& disk, int memory_fd, int disk_fd) const
+{
+    copy.pages_tracked = soft_dirty_->clear();
+    if (!copy.pages_tracked)
+        spdlog::warn("this kernel keeps no soft-dirty bits (CONFIG_MEM_SOFT_DIRTY): a live snapshot copies all the "
+                     "VM's pages again while it is paused");
+    // Each run is one mapping in every VM restored from the snapshot: merged across gaps
+    // (whose pages are written too, as they are now) until there are few enough.
+    copy.pages = merge_runs(mem_.private_pages(pagemap_.get()).owned, snapshot_page_gap, max_snapshot_page_runs);
+    copy.running_bytes += mem_.save_pages_to(memory_fd, copy.pages);
+    copy.disk = disk;
+    if (blk_)
+        copy.running_bytes += copy_ranges(blk_->disk().overlay_fd(), disk_fd, disk,
+                                          blk_->disk().capacity_sectors() * CowDisk::sector_size,
+                                          "the disk overlay into the snapshot");
+}
+
+void Vm::finish_live_copy(LiveCopy& copy, int memory_fd, int disk_fd)
+{
+    const GuestMemory::PrivatePages now = mem_.private_pages(pagemap_.get());
+    std::vector<IndexRun> runs = merge_runs(now.owned, snapshot_page_gap, max_snapshot_page_runs);
+    const PausedPages paused = paused_pages(mem_.ram_size() / layout::page_size, runs, copy.pages,
+                                            copy.pages_tracked, now.soft_dirty);
+    copy.paused_bytes += mem_.save_pages_to(memory_fd, paused.write, true);
+    for (const IndexRun& run : paused.punch)
+        if (::fallocate(memory_fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+                        static_cast<off_t>(run.first * layout::page_size),
+                        static_cast<off_t>(run.count * layout::page_size)) != 0)
+            throw_errno("punching pages the VM no longer owns out of the snapshot memory file");
+    copy.pages = std::move(runs);
+    if (!blk_)
+        return;
+    CowDisk& disk = blk_->disk();
+    copy.paused_bytes += copy_ranges(disk.overlay_fd(), disk_fd, disk.tracked_byte_ranges(),
+                                     disk.capacity_sectors() * CowDisk::sector_size, "the disk overlay into the snapshot");
+    copy.disk = disk.overlay_byte_ranges();
+}
+
+void Vm::in_background(std::function<void()> work, LoopWorker::Done done)
+{
+    if (!worker_) {
+        done(std::make_exception_ptr(Error("this VM takes no live snapshots, or is not running")));
+        return;
+    }
+    worker_->post(std::move(work), std::move(done));
 }
 
 uint64_t Vm::disk_bytes() const
@@ -437,6 +474,10 @@ void Vm::park(Vcpu& vcpu)
 
 void Vm::pause(std::function<void(const std::string& error)> paused, std::chrono::milliseconds patience)
 {
+    if (stopping_) {
+        paused("the VM stopped");
+        return;
+    }
     if (on_paused_ || pause_requested_) {
         paused("the VM is being paused already");
         return;
@@ -512,6 +553,11 @@ VmResult Vm::run()
         stop(VmOutcome::failed, fmt::format("starting the thread of vCPU {}: {}", threads_.size(), e.what()));
     }
     try {
+        if (config_.live_snapshots)
+            worker_ = std::make_unique<LoopWorker>(loop_, [this] {
+                if (config_.jail && config_.run_thread_filter)
+                    install_seccomp(SeccompRole::snapshot_worker);
+            });
         if (config_.jail && config_.run_thread_filter)
             install_seccomp(*config_.run_thread_filter);
         loop_.run();
@@ -528,6 +574,9 @@ VmResult Vm::run()
     kick_vcpus();
     for (auto& t : threads_)
         t.join();
+    // The worker may be reading guest RAM; what it was doing is reported failed or done.
+    if (worker_)
+        worker_->stop();
     // In-flight disk I/O targets guest memory: let it finish before anything is torn down.
     // Host vsock streams are shut first, or their pending reads would keep the loop busy.
     vsock_host_->close_all();

@@ -23,7 +23,10 @@
 #include "common/fd.hpp"
 #include "core/guest_memory.hpp"
 #include "core/loop_timer.hpp"
+#include "core/loop_worker.hpp"
+#include "core/soft_dirty.hpp"
 #include "vmm/kvm.hpp"
+#include "vmm/live_copy.hpp"
 #include "vmm/vcpu.hpp"
 #include "vmm/vm_config.hpp"
 #include "vmm/warm_pages.hpp"
@@ -49,9 +52,6 @@ struct VmResult {
     VmOutcome outcome;
     std::string detail;
 };
-
-// Byte ranges [offset, offset+length) of a disk.
-using ByteRanges = std::vector<std::pair<uint64_t, uint64_t>>;
 
 // What a VM resumes from (see vmm/snapshot.hpp for the files): the state document (vCPUs,
 // VM-wide KVM state, devices) and the files with guest memory and the disk's written sectors.
@@ -120,11 +120,20 @@ public:
     nlohmann::json save_state() const;
     void save_memory(int fd) const;
     void save_disk(int fd) const;
-    // A restored VM (config.live_snapshots): the pages it holds its own copies of (runs merged
-    // across small gaps, so that a restore maps few of them), and the disk sectors it wrote,
-    // written into fd at their offsets. Return what they wrote.
-    std::vector<IndexRun> save_memory_delta(int fd) const;
-    ByteRanges save_disk_delta(int fd) const;
+    // Live snapshots of a restored VM (config.live_snapshots), copied mostly while it runs
+    // (vmm/live_copy.hpp). On the loop's thread, running: start_live_copy() starts tracking
+    // the disk's writes and returns the overlay's ranges to copy. On the worker thread
+    // (in_background), running: copy_live() clears the soft-dirty bits, then writes the pages
+    // the VM owns (runs merged across small gaps, so that a restore maps few of them) and
+    // those ranges into the files at their offsets. On the loop's thread, paused:
+    // finish_live_copy() writes again what was written since, and leaves in `copy` what the
+    // files hold.
+    ByteRanges start_live_copy();
+    void copy_live(LiveCopy& copy, const ByteRanges& disk, int memory_fd, int disk_fd) const;
+    void finish_live_copy(LiveCopy& copy, int memory_fd, int disk_fd);
+    // While run() runs, with config.live_snapshots: `work` on the VM's worker thread, then
+    // `done` on the loop's thread (core/loop_worker.hpp).
+    void in_background(std::function<void()> work, LoopWorker::Done done);
     // The root disk's size in bytes; 0 without one.
     uint64_t disk_bytes() const;
 
@@ -172,6 +181,8 @@ private:
 
     std::vector<PageRun> warm_writes_;
     Fd pagemap_;  // /proc/self/pagemap, for a restored VM with config.live_snapshots
+    std::unique_ptr<SoftDirtyBits> soft_dirty_;  // likewise
+    std::unique_ptr<LoopWorker> worker_;  // while run() runs, with config.live_snapshots
 
     // pause(): the vCPU threads park under pause_mutex_ while pause_requested_ holds.
     std::mutex pause_mutex_;

@@ -437,3 +437,20 @@ TEST_CASE_FIXTURE(Fixture, "layers of layers: a sector reads from the topmost la
     CHECK_THROWS_WITH_AS(deep.add_layer(make_layer("deep", 0, 1, 1), Ranges{{0, 512}}),
                          doctest::Contains("layers already"), Error);
 }
+
+TEST_CASE_FIXTURE(Fixture, "tracked writes: only those after track_writes(), handed over once")
+{
+    CowDisk disk(base_path, overlay_dir.path);
+    using Ranges = std::vector<std::pair<uint64_t, uint64_t>>;
+    disk.mark_written(1, 2);
+    CHECK(disk.tracked_byte_ranges().empty());  // not tracking: nothing recorded apart
+    disk.track_writes();
+    disk.mark_written(2, 2);  // overlaps a sector written before
+    disk.mark_written(98, 2);
+    CHECK(disk.tracked_byte_ranges() == Ranges{{2 * 512, 2 * 512}, {98 * 512, 2 * 512}});
+    disk.mark_written(50, 1);
+    CHECK(disk.tracked_byte_ranges().empty());  // handing over stopped the tracking
+    CHECK(disk.overlay_byte_ranges() == Ranges{{1 * 512, 3 * 512}, {50 * 512, 512}, {98 * 512, 2 * 512}});
+    disk.track_writes();
+    CHECK(disk.tracked_byte_ranges().empty());
+}

@@ -9,6 +9,7 @@
 
 #include "core/guest_memory.hpp"
 #include "core/layout.hpp"
+#include "core/soft_dirty.hpp"
 
 using namespace agentvm;
 
@@ -142,13 +143,13 @@ TEST_CASE("a restored guest's own pages: found through pagemap, saved as a layer
     // Read pages, whether from the file or its holes, stay the file's.
     CHECK(parent.read_obj<uint64_t>(5 * page) == 5);
     CHECK(parent.read_obj<uint64_t>(9 * page) == 0);
-    CHECK(parent.private_pages(pagemap.get()).empty());
+    CHECK(parent.private_pages(pagemap.get()).owned.empty());
     // Written pages become the process's own; page 11 is written with zeros.
     parent.write_obj<uint64_t>(5 * page, 55);
     parent.write_obj<uint64_t>(6 * page, 66);
     parent.write_obj<uint64_t>(11 * page, 0);
     parent.write_obj<uint64_t>(ram - 8, 77);
-    const std::vector<IndexRun> own = parent.private_pages(pagemap.get());
+    const std::vector<IndexRun> own = parent.private_pages(pagemap.get()).owned;
     CHECK(own == std::vector<IndexRun>{{5, 2}, {11, 1}, {ram / page - 1, 1}});
 
     // The layer stores their data (the zero page as a hole) at their offsets.
@@ -168,9 +169,9 @@ TEST_CASE("a restored guest's own pages: found through pagemap, saved as a layer
     CHECK(child.read_obj<uint64_t>(11 * page) == 0);
     CHECK(child.read_obj<uint64_t>(ram - 8) == 77);
     // Nothing is the child's own until it writes; its writes reach neither file.
-    CHECK(child.private_pages(pagemap.get()).empty());
+    CHECK(child.private_pages(pagemap.get()).owned.empty());
     child.write_obj<uint64_t>(6 * page, 600);
-    CHECK(child.private_pages(pagemap.get()) == std::vector<IndexRun>{{6, 1}});
+    CHECK(child.private_pages(pagemap.get()).owned == std::vector<IndexRun>{{6, 1}});
     GuestMemory sibling = GuestMemory::from_snapshot(Fd(::dup(base.get())), ram, "base",
                                                      [&] {
                                                          std::vector<MemoryLayer> l;
@@ -190,4 +191,40 @@ TEST_CASE("a restored guest's own pages: found through pagemap, saved as a layer
     short_layer.push_back({std::move(small), {{0, 1}}});
     CHECK_THROWS_WITH_AS(GuestMemory::from_snapshot(Fd(::dup(base.get())), ram, "base", std::move(short_layer)),
                          doctest::Contains("truncated"), Error);
+}
+
+TEST_CASE("soft-dirty bits tell the pages written since the clear, and a save over old data punches zeros")
+{
+    const uint64_t ram = 4 << 20;
+    const uint64_t page = 4096;
+    GuestMemory booted(ram);
+    Fd base = temp_file();
+    booted.save_to(base.get());
+    Fd pagemap(::open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC));
+    REQUIRE(pagemap);
+    GuestMemory mem = GuestMemory::from_snapshot(Fd(::dup(base.get())), ram, "base");
+    mem.write_obj<uint64_t>(2 * page, 2);
+    mem.write_obj<uint64_t>(3 * page, 3);
+
+    SoftDirtyBits bits(pagemap.get());
+    const bool kept = bits.clear();
+    MESSAGE("this kernel " << (kept ? "keeps" : "keeps no") << " soft-dirty bits");
+    CHECK(mem.private_pages(pagemap.get()).soft_dirty.empty());
+    mem.write_obj<uint64_t>(3 * page, 33);
+    mem.write_obj<uint64_t>(7 * page, 7);
+    const GuestMemory::PrivatePages found = mem.private_pages(pagemap.get());
+    CHECK(found.owned == std::vector<IndexRun>{{2, 2}, {7, 1}});
+    // Without the bits (CONFIG_MEM_SOFT_DIRTY off) nothing reads dirty, as clear() said.
+    CHECK(found.soft_dirty == (kept ? std::vector<IndexRun>{{3, 1}, {7, 1}} : std::vector<IndexRun>{}));
+
+    Fd layer = temp_file();
+    CHECK(mem.save_pages_to(layer.get(), found.owned) == 3 * page);
+    mem.write_obj<uint64_t>(3 * page, 0);  // page 3 is all zeros now
+    CHECK(mem.save_pages_to(layer.get(), std::vector<IndexRun>{{3, 1}}, true) == 0);
+    uint64_t value = 1;
+    REQUIRE(::pread(layer.get(), &value, sizeof value, 3 * page) == sizeof value);
+    CHECK(value == 0);
+    CHECK(::lseek(layer.get(), 3 * page, SEEK_HOLE) == static_cast<off_t>(3 * page));
+    REQUIRE(::pread(layer.get(), &value, sizeof value, 2 * page) == sizeof value);
+    CHECK(value == 2);
 }

@@ -47,6 +47,57 @@ def snapshot(ep, name):
     return answer["snapshot"]
 
 
+# A thread of the persistent interpreter rewrites a 16 MiB buffer page by page, pass after
+# pass, the whole time, so that the snapshot is taken while the VM writes: pages [0, pos)
+# hold pass v's byte and the rest pass v-1's (mod 251). A page the snapshot missed when it
+# was written during the copy breaks that in a child.
+CHURN = """
+import threading
+CHURN_PAGES = 4096
+churn_fill = [bytes([v]) * 4096 for v in range(251)]
+churn_buf = bytearray(CHURN_PAGES * 4096)
+churn_state = {"v": 0, "pos": CHURN_PAGES, "stop": False, "passes": 0}
+def churn():
+    v = 0
+    while not churn_state["stop"]:
+        v = (v + 1) % 251
+        for p in range(CHURN_PAGES):
+            churn_buf[p * 4096:(p + 1) * 4096] = churn_fill[v]
+            churn_state["v"], churn_state["pos"] = v, p + 1
+            if churn_state["stop"]:
+                break
+        churn_state["passes"] += 1
+churn_thread = threading.Thread(target=churn, daemon=True)
+churn_thread.start()
+"""
+CHURN_CHECK = """
+churn_state["stop"] = True
+churn_thread.join()
+v, pos = churn_state["v"], churn_state["pos"]
+[p for p in range(CHURN_PAGES)
+ if churn_buf[p * 4096:(p + 1) * 4096] != churn_fill[v if p < pos else (v - 1) % 251]][:8]
+"""
+
+
+def soft_dirty_kept():
+    """Whether this kernel keeps soft-dirty bits (what the snapshot's "tracked" must say)."""
+    import ctypes
+    import mmap
+    page = mmap.mmap(-1, 4096)
+    page[0] = 1
+    entry_at = ctypes.addressof(ctypes.c_char.from_buffer(page)) // 4096 * 8
+
+    def dirty():
+        with open("/proc/self/pagemap", "rb") as pagemap:
+            pagemap.seek(entry_at)
+            return bool(int.from_bytes(pagemap.read(8), "little") >> 55 & 1)
+    with open("/proc/self/clear_refs", "w") as clear_refs:
+        clear_refs.write("4")
+    clean = not dirty()
+    page[0] = 2
+    return clean and dirty()
+
+
 def counter(ep):
     return int(shell(ep, "tail -n 1 /work/counter").strip() or 0)
 
@@ -79,14 +130,22 @@ def fork_children():
     children = []
     try:
         counting(parent)
+        python(parent, CHURN)
+        rises(lambda: int(python(parent, 'churn_state["passes"]')["result"]), 60, "the interpreter's thread stood still")
         taken = snapshot(parent, "s1")
         expect(taken["path"] == os.path.join(SNAPS, "s1"), f"path {taken}")
+        tracked = soft_dirty_kept()
+        expect(taken["tracked"] == tracked,
+               f"the snapshot says tracked={taken['tracked']}, this kernel {'keeps' if tracked else 'keeps no'} "
+               f"soft-dirty bits")
         # The parent runs on, unchanged.
         child_state(parent)
         children = [Episode(AGENTVM, "--snapshot", taken["path"]) for _ in range(CHILDREN)]
         uuids, randoms = set(), set()
         for i, child in enumerate(children):
             child_state(child)
+            stale = python(child, CHURN_CHECK)["result"]
+            expect(stale == "[]", f"child {i}: pages of the buffer written during the snapshot are stale: {stale}")
             shell(child, f"echo child-{i} > /work/mine")
             uuids.add(shell(child, "cat /proc/sys/kernel/random/uuid").strip())
             randoms.add(python(child, "import os\nos.urandom(16).hex()")["result"])
@@ -98,10 +157,11 @@ def fork_children():
             expect(mine == f"child-{i}", f"child {i} reads {mine!r}: the children's writes are not their own")
         expect(shell(parent, "cat /work/mine 2>/dev/null || echo none").strip() == "none",
                "a child's write reached the parent")
-        return (f"parent paused {taken['pause_ms']:.1f} ms, stored {taken['memory_bytes'] >> 10} KiB memory and "
-                f"{taken['disk_bytes'] >> 10} KiB disk; {CHILDREN} children kept file, cwd, variable, counting job "
-                f"and interpreter, wrote their own files, drew distinct uuids and random bytes, and had the "
-                f"host's clock")
+        return (f"parent paused {taken['pause_ms']:.1f} ms (copied {taken['copied_running_bytes'] >> 10} KiB running, "
+                f"{taken['copied_paused_bytes'] >> 10} KiB paused, tracked={tracked}), stored "
+                f"{taken['memory_bytes'] >> 10} KiB memory and {taken['disk_bytes'] >> 10} KiB disk; {CHILDREN} "
+                f"children kept file, cwd, variable, counting job, interpreter and the buffer its thread was "
+                f"rewriting, wrote their own files, drew distinct uuids and random bytes, and had the host's clock")
     finally:
         for ep in children + [parent]:
             ep.kill()
