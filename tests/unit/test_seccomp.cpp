@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <functional>
 #include <string>
 
@@ -125,4 +126,25 @@ TEST_CASE("only a VM saved to a snapshot may open files")
         SeccompRole::io_loop_snapshot);
     CHECK(WIFEXITED(saving.status));
     CHECK(WEXITSTATUS(saving.status) == 0);
+}
+
+TEST_CASE("the snapshot worker copies and writes files, and nothing of the loop's or a vCPU's")
+{
+    const auto copying = in_filtered_child(
+        [] {
+            const int fd = ::open("/dev/null", O_WRONLY);
+            if (fd < 0 || ::pwrite(fd, "x", 1, 0) != 1 || (::fsync(fd) != 0 && errno != EINVAL))
+                ::_exit(1);
+        },
+        SeccompRole::snapshot_worker);
+    INFO("stderr: " << copying.err);
+    CHECK(WIFEXITED(copying.status));
+    CHECK(WEXITSTATUS(copying.status) == 0);
+
+    const auto socket = in_filtered_child([] { ::socket(AF_UNIX, SOCK_STREAM, 0); }, SeccompRole::snapshot_worker);
+    CHECK(WEXITSTATUS(socket.status) == 128 + SIGSYS);
+    CHECK(socket.err.find("seccomp: the snapshot worker thread made system call " + std::to_string(SYS_socket) +
+                          ",") != std::string::npos);
+    const auto ioctl = in_filtered_child([] { ::ioctl(0, TCGETS, nullptr); }, SeccompRole::snapshot_worker);
+    CHECK(WEXITSTATUS(ioctl.status) == 128 + SIGSYS);
 }
