@@ -371,6 +371,21 @@ def _set_pdeathsig():
         pass
 
 
+def _end_with_parent():
+    """The runner ends as if sent SIGTERM (stopping what it started) when the process that
+    started it dies: a killed test or `meson test` would otherwise leave it, re-parented to
+    init, and its QEMU running. Call with the SIGTERM handler in place."""
+    parent = os.getppid()
+    try:
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except Exception:
+        return
+    if os.getppid() != parent:  # it died before the signal was asked for
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
 class _Terminated(Exception):
     def __init__(self, signum):
         self.signum = signum
@@ -436,6 +451,7 @@ def run_in_l1(argv, timeout, mem, extra_shares=(), debug=False):
 
     old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     try:
+        _end_with_parent()
         cwd = os.getcwd()
         shares = _rw_shares(list(extra_shares))
         with open(os.path.join(rundir, "cmd.sh"), "w") as f:
@@ -614,6 +630,7 @@ def run_direct(argv, timeout):
 
     for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(s, forward)
+    _end_with_parent()
     try:
         rc = child.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
