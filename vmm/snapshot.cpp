@@ -7,8 +7,6 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
-#include <random>
-#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
@@ -21,6 +19,7 @@
 #include "common/error.hpp"
 #include "common/file_digest.hpp"
 #include "core/layout.hpp"
+#include "vmm/partial_dir.hpp"
 #include "vmm/vm_limits.hpp"
 
 namespace agentvm {
@@ -153,37 +152,6 @@ std::vector<uint8_t> read_file_bytes(int fd, uint64_t limit, const std::string& 
     return bytes;
 }
 
-class PartialDir {
-public:
-    explicit PartialDir(const fs::path& target)
-    {
-        std::random_device random;
-        path_ = target;
-        path_ += fmt::format(".partial-{:08x}", random());
-        if (::mkdir(path_.c_str(), 0755) != 0)
-            throw_errno(fmt::format("creating '{}'", path_.string()));
-    }
-    ~PartialDir()
-    {
-        if (!path_.empty()) {
-            std::error_code ec;
-            fs::remove_all(path_, ec);
-        }
-    }
-    const fs::path& path() const { return path_; }
-    // Hands the directory over: the caller removes it now.
-    fs::path release() { return std::exchange(path_, {}); }
-    void commit(const fs::path& target)
-    {
-        if (::rename(path_.c_str(), target.c_str()) != 0)
-            throw_errno(fmt::format("renaming the snapshot into '{}'", target.string()));
-        path_.clear();
-    }
-
-private:
-    fs::path path_;
-};
-
 } // namespace
 
 namespace {
@@ -226,6 +194,29 @@ std::vector<IndexRun> sector_runs(const ByteRanges& ranges)
     return runs;
 }
 
+// Writes state.cbor beside the memory and disk files (written already), records the three in
+// the manifest, writes it and renames the snapshot into place.
+SnapshotSummary seal(PartialDir& partial, const fs::path& target, json manifest, const std::vector<uint8_t>& state,
+                     int memory_fd, int disk_fd)
+{
+    SnapshotSummary summary;
+    summary.dir = target.string();
+    Fd state_fd = create_file(partial.path() / state_name);
+    write_all(state_fd.get(), state.data(), state.size(), state_name);
+    summary.state_bytes = state.size();
+    manifest["files"][state_name] = stored_file(state_fd.get(), partial.path() / state_name);
+    manifest["files"][memory_name] = stored_file(memory_fd, partial.path() / memory_name);
+    manifest["files"][disk_name] = stored_file(disk_fd, partial.path() / disk_name);
+    struct stat st {};
+    if (::fstat(memory_fd, &st) == 0)
+        summary.memory_data_bytes = static_cast<uint64_t>(st.st_blocks) * 512;
+    if (::fstat(disk_fd, &st) == 0)
+        summary.disk_data_bytes = static_cast<uint64_t>(st.st_blocks) * 512;
+    write_bytes_file(partial.path() / manifest_name, manifest.dump(2) + "\n");
+    partial.commit(target);
+    return summary;
+}
+
 } // namespace
 
 SnapshotWriter::SnapshotWriter(const Kvm& kvm, const VmConfig& config, const std::string& dir)
@@ -266,28 +257,21 @@ std::unique_ptr<LiveSnapshot> SnapshotWriter::begin_live(Vm& vm, const std::stri
                                 "goes at most {} deep",
                                 origin_->depth, max_snapshot_depth));
     check_disk_size(vm);
-    PartialDir partial(target);
     std::unique_ptr<LiveSnapshot> live(new LiveSnapshot);
+    live->partial_.emplace(target);
     live->target_ = target;
     live->manifest_ = manifest_;
     if (vm.disk_bytes() != 0)
         live->manifest_["disk_bytes"] = vm.disk_bytes();
     live->origin_ = origin_;
-    live->memory_ = create_file(partial.path() / memory_name);
-    live->disk_ = create_file(partial.path() / disk_name);
+    live->memory_ = create_file(live->partial_->path() / memory_name);
+    live->disk_ = create_file(live->partial_->path() / disk_name);
     if (origin_)
         live->disk_to_copy_ = vm.start_live_copy();
-    live->partial_ = partial.release();
     return live;
 }
 
-LiveSnapshot::~LiveSnapshot()
-{
-    if (!partial_.empty()) {
-        std::error_code ec;
-        fs::remove_all(partial_, ec);
-    }
-}
+LiveSnapshot::~LiveSnapshot() = default;
 
 void LiveSnapshot::copy_running(const Vm& vm)
 {
@@ -310,30 +294,12 @@ void LiveSnapshot::capture(Vm& vm)
 
 SnapshotSummary LiveSnapshot::finish()
 {
-    SnapshotSummary summary;
-    summary.dir = target_.string();
-    const std::vector<uint8_t> state_bytes = encode_cbor(state_);
-    Fd state_fd = create_file(partial_ / state_name);
-    write_all(state_fd.get(), state_bytes.data(), state_bytes.size(), state_name);
-    summary.state_bytes = state_bytes.size();
     json manifest = manifest_;
-    manifest["files"][state_name] = stored_file(state_fd.get(), partial_ / state_name);
-    manifest["files"][memory_name] = stored_file(memory_.get(), partial_ / memory_name);
-    manifest["files"][disk_name] = stored_file(disk_.get(), partial_ / disk_name);
-    struct stat st {};
-    if (::fstat(memory_.get(), &st) == 0)
-        summary.memory_data_bytes = static_cast<uint64_t>(st.st_blocks) * 512;
-    if (::fstat(disk_.get(), &st) == 0)
-        summary.disk_data_bytes = static_cast<uint64_t>(st.st_blocks) * 512;
     if (origin_)
         manifest["parent"] = {{"dir", origin_->dir},
                               {"manifest_digest", origin_->manifest_digest},
                               {"depth", origin_->depth + 1}};
-    write_bytes_file(partial_ / manifest_name, manifest.dump(2) + "\n");
-    if (::rename(partial_.c_str(), target_.c_str()) != 0)
-        throw_errno(fmt::format("renaming the snapshot into '{}'", target_.string()));
-    partial_.clear();
-    return summary;
+    return seal(*partial_, target_, std::move(manifest), encode_cbor(state_), memory_.get(), disk_.get());
 }
 
 SnapshotSummary SnapshotWriter::write(const Vm& vm) const
@@ -341,39 +307,16 @@ SnapshotSummary SnapshotWriter::write(const Vm& vm) const
     if (fs::exists(target_))
         throw Error(fmt::format("snapshot directory '{}' already exists; remove it or choose another --out", dir_));
     PartialDir partial(target_);
-    SnapshotSummary summary;
-    summary.dir = target_.string();
     json manifest = manifest_;
     check_disk_size(vm);
     if (vm.disk_bytes() != 0)
         manifest["disk_bytes"] = vm.disk_bytes();
-
     const std::vector<uint8_t> state = encode_cbor(vm.save_state());
-    Fd state_fd = create_file(partial.path() / state_name);
-    write_all(state_fd.get(), state.data(), state.size(), state_name);
-    summary.state_bytes = state.size();
-    manifest["files"][state_name] = stored_file(state_fd.get(), partial.path() / state_name);
-
     Fd memory_fd = create_file(partial.path() / memory_name);
     vm.save_memory(memory_fd.get());
-    manifest["files"][memory_name] = stored_file(memory_fd.get(), partial.path() / memory_name);
-    struct stat st {};
-    if (::fstat(memory_fd.get(), &st) == 0)
-        summary.memory_data_bytes = static_cast<uint64_t>(st.st_blocks) * 512;
-
     Fd disk_fd = create_file(partial.path() / disk_name);
     vm.save_disk(disk_fd.get());
-    manifest["files"][disk_name] = stored_file(disk_fd.get(), partial.path() / disk_name);
-    if (::fstat(disk_fd.get(), &st) == 0)
-        summary.disk_data_bytes = static_cast<uint64_t>(st.st_blocks) * 512;
-
-    const std::string text = manifest.dump(2) + "\n";
-    Fd manifest_fd = create_file(partial.path() / manifest_name);
-    write_all(manifest_fd.get(), text.data(), text.size(), manifest_name);
-    if (::fsync(manifest_fd.get()) != 0)
-        throw_errno("fsync manifest.json");
-    partial.commit(target_);
-    return summary;
+    return seal(partial, target_, std::move(manifest), state, memory_fd.get(), disk_fd.get());
 }
 
 namespace {

@@ -49,6 +49,7 @@
 #include <nlohmann/json.hpp>
 
 #include "vmm/kvm.hpp"
+#include "vmm/partial_dir.hpp"
 #include "vmm/snapshot_manifest.hpp"
 #include "vmm/vm.hpp"
 #include "vmm/vm_config.hpp"
@@ -124,8 +125,8 @@ private:
     friend class SnapshotWriter;
     LiveSnapshot() = default;
 
+    std::optional<PartialDir> partial_;  // removed unless renamed into place
     std::filesystem::path target_;
-    std::filesystem::path partial_;  // removed unless renamed into place
     nlohmann::json manifest_;
     std::optional<SnapshotParent> origin_;  // a layered snapshot's parent
     Fd memory_;
