@@ -75,8 +75,10 @@ void EpisodeRelay::start(Fd agent, std::string announcement)
                               if (!ended_)
                                   emit(std::move(bytes));
                           },
+                          [this](const std::optional<std::string>& id) { return id && pending_.contains(*id); },
                           [this](const std::string& id) { on_progress(id); },
                           [this](const ResponseSummary& summary) { on_response(summary); },
+                          [this](const ResponseSummary& summary) { on_stray_line(summary); },
                           [this](const std::string& why) { end(End::agent_protocol, why); },
                           [this](int err) { on_agent_end(err); }});
     agent_in_->start();
@@ -247,6 +249,24 @@ void EpisodeRelay::on_response(const ResponseSummary& summary)
         arm_watchdog();
         take_next_snapshot();
     }
+}
+
+void EpisodeRelay::on_stray_line(const ResponseSummary& summary)
+{
+    if (ended_)
+        return;
+    const std::string id = summary.id.value_or("none");
+    if (summary.id && host_pending_.contains(*summary.id)) {
+        // Only the host answers its own calls: the guest has taken over the agent's connection.
+        end(End::agent_protocol,
+            fmt::format("the guest sent a line about call {:.64}, which is the host's own (a snapshot): a forged "
+                        "answer",
+                        id));
+        return;
+    }
+    ++stray_lines_;
+    guest_warn(stray_warnings_, "the guest agent sent a line about no call in flight (id {:.64}); dropped ({} so far)",
+               id, stray_lines_);
 }
 
 void EpisodeRelay::on_progress(const std::string& id)

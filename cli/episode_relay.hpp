@@ -1,5 +1,8 @@
 // The host half of `agentvm episode`: JSON lines from the harness (stdin) go to the guest
-// agent, the agent's lines come back to the harness (stdout), unchanged. The relay checks
+// agent, the agent's lines come back to the harness (stdout), unchanged. Only lines about a
+// call in flight come back: the guest is root in its VM and may speak in its agent's place,
+// so a line about an id the relay did not send (or that has answered) is dropped, and one
+// about the host's own snapshot call ends the episode. The relay checks
 // each request with the agent's own parser first, so a malformed line is answered here and
 // the relay always knows which calls are still waiting for their final response: if the
 // agent, the guest or the VM goes away, each of them gets an error instead of silence.
@@ -26,8 +29,10 @@
 #include "cli/line_reader.hpp"
 #include "cli/response_stream.hpp"
 #include "common/fd.hpp"
+#include "common/warn_limiter.hpp"
 #include "core/loop_timer.hpp"
 #include "protocol/agent_protocol.hpp"
+#include "protocol/response_line.hpp"
 
 namespace agentvm {
 
@@ -55,10 +60,10 @@ public:
     static constexpr double default_call_timeout_s = 600;
     // One stream's max_output in an episode, which bounds every response line.
     static constexpr uint64_t max_output_limit = uint64_t{64} << 20;
-    // Six bytes per output byte at worst (a control byte escaped as \u00XX), two streams,
-    // and room for the other fields: no honest response line is longer. The episode passes
-    // lines on as they arrive and ends at a longer one; `agentvm run` holds its one whole.
-    static constexpr size_t max_response_line = 12 * max_output_limit + (size_t{8} << 20);
+    // No honest response line is longer (max_response_line_for, protocol/agent_protocol.hpp).
+    // The episode passes lines on as they arrive and ends at a longer one; `agentvm run`
+    // holds its one whole.
+    static constexpr size_t max_response_line = max_response_line_for(max_output_limit);
     // The most bytes for the harness that wait in the relay before it stops reading the
     // agent (responses wait in the guest then): with a read buffer and a held line, what a
     // response costs the relay at most, however long it is.
@@ -102,6 +107,9 @@ private:
     void start_snapshot(const std::string& id, const std::string& name);
     void take_next_snapshot();
     void on_response(const ResponseSummary& summary);
+    // A line of the agent's about no call in flight: dropped, never passed on; an answer to
+    // a call of the host's own ends the episode (the guest forged it).
+    void on_stray_line(const ResponseSummary& summary);
     void on_input_end(int err);
     void on_agent_end(int err);
     // Bytes of call `id`'s answer arrived: it gets the grace period again from now.
@@ -134,6 +142,8 @@ private:
     bool ended_ = false;
     bool stopping_ = false;  // stop_output() ran
     bool agent_paused_ = false;  // not reading the agent until stdout has drained
+    uint64_t stray_lines_ = 0;
+    WarnLimiter stray_warnings_;
 };
 
 } // namespace agentvm

@@ -25,7 +25,7 @@ void ResponseStream::on_bytes(std::string_view bytes)
             return;
         bytes.remove_prefix(newline + 1);
     }
-    if (line_started_ && scanner_.id())
+    if (line_started_ && !dropping_ && scanner_.id())
         handlers_.on_progress(*scanner_.id());
 }
 
@@ -52,13 +52,19 @@ bool ResponseStream::take(std::string_view bytes)
         return false;
     }
     if (passing_) {
-        handlers_.on_bytes(std::string(bytes));
+        if (!dropping_)
+            handlers_.on_bytes(std::string(bytes));
     } else if (held_.size() + bytes.size() <= max_held_line) {
         held_.append(bytes);
     } else {
+        // Too long to hold: decided on now, by the id as far as it has come (an honest agent
+        // writes it first).
         passing_ = true;
+        dropping_ = !handlers_.wanted(scanner_.id());
         held_.append(bytes);
-        handlers_.on_bytes(std::exchange(held_, {}));
+        std::string first = std::exchange(held_, {});
+        if (!dropping_)
+            handlers_.on_bytes(std::move(first));
     }
     return true;
 }
@@ -70,21 +76,32 @@ bool ResponseStream::end_line()
         bad_line("the guest agent sent a line that is not a JSON object");
         return false;
     }
-    held_.push_back('\n');
-    handlers_.on_bytes(std::exchange(held_, {}));
+    if (!passing_)
+        dropping_ = !handlers_.wanted(summary->id);
+    const bool dropped = dropping_;
+    if (!dropped) {
+        held_.push_back('\n');
+        handlers_.on_bytes(std::exchange(held_, {}));
+    }
+    held_.clear();
     passing_ = false;
+    dropping_ = false;
     line_started_ = false;
     line_bytes_ = 0;
-    handlers_.on_line(*summary);
+    if (dropped)
+        handlers_.on_dropped(*summary);
+    else
+        handlers_.on_line(*summary);
     return true;
 }
 
 void ResponseStream::stop()
 {
     reader_.stop();
-    if (passing_)
+    if (passing_ && !dropping_)
         handlers_.on_bytes("\n");
     passing_ = false;
+    dropping_ = false;
 }
 
 void ResponseStream::bad_line(const std::string& why)

@@ -3,11 +3,14 @@
 // relay one read buffer, never the line. Short lines (the usual case) are held until they
 // have been checked whole, so a line that turns out not to be JSON is never passed on; a
 // longer one is passed on as it arrives, and should it break off (a guest gone wrong), what
-// was passed on of it is ended with a newline, so the lines after it stay lines.
+// was passed on of it is ended with a newline, so the lines after it stay lines. Whether a
+// line is passed on at all is the reader's choice, by its id (Handlers::wanted): a guest's
+// line about a call nobody made goes nowhere.
 #pragma once
 
 #include <cstddef>
 #include <functional>
+#include <optional>
 #include <string>
 
 #include "cli/response_summary.hpp"
@@ -22,10 +25,16 @@ public:
 
     struct Handlers {
         std::function<void(std::string bytes)> on_bytes;  // the next bytes to pass on
-        // Bytes of a line whose top-level id has arrived; the line goes on.
+        // Whether a line with this top-level id (nullopt: none, or not yet arrived) is passed
+        // on: asked once per line, before its first byte goes to on_bytes. A line not wanted
+        // is read and checked like any other, and dropped.
+        std::function<bool(const std::optional<std::string>& id)> wanted;
+        // Bytes of a wanted line whose top-level id has arrived; the line goes on.
         std::function<void(const std::string& id)> on_progress;
-        // A line ended; its last bytes (with its '\n') went to on_bytes.
+        // A wanted line ended; its last bytes (with its '\n') went to on_bytes.
         std::function<void(const ResponseSummary&)> on_line;
+        // A line not wanted ended; none of it went to on_bytes.
+        std::function<void(const ResponseSummary&)> on_dropped;
         // Not a JSON object, or longer than max_line; nothing more is read.
         std::function<void(const std::string& why)> on_bad_line;
         std::function<void(int err)> on_end;  // 0 at end-of-file, else errno
@@ -57,6 +66,7 @@ private:
     std::string held_;        // the line so far, while it is short
     size_t line_bytes_ = 0;   // of the line so far
     bool passing_ = false;    // this line is too long to hold: its bytes go on as they come
+    bool dropping_ = false;   // this line is not wanted: its bytes go nowhere
     bool line_started_ = false;
     FdReader reader_;
 };

@@ -23,6 +23,7 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include "common/warn_limiter.hpp"
 #include "devices/virtqueue.hpp"
 #include "core/guest_memory.hpp"
 
@@ -70,56 +71,6 @@ public:
 private:
     mutable std::recursive_mutex mutex_;
 };
-
-// Lets a guest-triggered warning through at most `burst` times per `period`, so a guest
-// cannot flood the host log. Not thread-safe: callers hold their device's lock.
-class WarnLimiter {
-public:
-    explicit WarnLimiter(unsigned burst = 10, std::chrono::seconds period = std::chrono::seconds(5))
-        : burst_(burst), period_(period)
-    {
-    }
-
-    // True when this warning may be logged; *suppressed is how many were dropped before it.
-    bool allow(uint64_t* suppressed = nullptr)
-    {
-        const auto now = std::chrono::steady_clock::now();
-        if (now - window_start_ >= period_) {
-            window_start_ = now;
-            used_ = 0;
-        }
-        if (used_ >= burst_) {
-            ++suppressed_;
-            return false;
-        }
-        ++used_;
-        if (suppressed)
-            *suppressed = suppressed_;
-        suppressed_ = 0;
-        return true;
-    }
-
-private:
-    unsigned burst_;
-    std::chrono::steady_clock::duration period_;
-    std::chrono::steady_clock::time_point window_start_{};
-    unsigned used_ = 0;
-    uint64_t suppressed_ = 0;
-};
-
-// spdlog::warn through a WarnLimiter, for anything a guest can trigger at will.
-template <typename... Args>
-void guest_warn(WarnLimiter& limiter, fmt::format_string<Args...> format, Args&&... args)
-{
-    uint64_t suppressed = 0;
-    if (!limiter.allow(&suppressed))
-        return;
-    const std::string message = fmt::format(format, std::forward<Args>(args)...);
-    if (suppressed != 0)
-        spdlog::warn("{} ({} similar warnings suppressed)", message, suppressed);
-    else
-        spdlog::warn("{}", message);
-}
 
 // What took_chain() met besides the chain it returns.
 struct PopOutcome {

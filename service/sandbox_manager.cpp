@@ -113,17 +113,30 @@ std::string SandboxManager::new_id() const
 SandboxManager::Vm& SandboxManager::start_vm(Pool& pool, bool for_pool)
 {
     std::vector<std::string> args = pool.config.episode_args;
-    if (store_)
-        args.insert(args.end(), {"--snapshot-dir", store_->snapshots_dir()});
+    // Each VM writes its live snapshots into a directory of its own, the only one its jail
+    // keeps writable: a VMM a guest took over can write no other sandbox's snapshots.
+    std::string outbox;
+    if (store_) {
+        outbox = store_->new_outbox();
+        args.insert(args.end(), {"--snapshot-dir", outbox});
+    }
     if (for_pool && cpu_weights_)
         args.insert(args.end(), {"--cpu-weight", std::to_string(pool_cpu_weight)});
-    auto sandbox = std::make_shared<Sandbox>(
-        loop_, pool.config.name, config_.program, args, config_.history_limit,
-        Sandbox::Hooks{[this](Sandbox& s, bool) { on_ready(s); },
-                       [this](Sandbox& s, const std::string& why) { on_exit(s, why); }});
+    std::shared_ptr<Sandbox> sandbox;
+    try {
+        sandbox = std::make_shared<Sandbox>(
+            loop_, pool.config.name, config_.program, args, config_.history_limit,
+            Sandbox::Hooks{[this](Sandbox& s, bool) { on_ready(s); },
+                           [this](Sandbox& s, const std::string& why) { on_exit(s, why); }});
+    } catch (const Error&) {
+        if (store_)
+            store_->remove_outbox(outbox);
+        throw;
+    }
     Sandbox* key = sandbox.get();
     Vm& vm = vms_[key];
     vm.sandbox = std::move(sandbox);
+    vm.outbox = std::move(outbox);
     vm.pool = &pool;
     vm.refill = for_pool;
     vm.low_weight = for_pool && cpu_weights_;
@@ -294,6 +307,8 @@ void SandboxManager::on_exit(Sandbox& sandbox, const std::string& why)
     }
     if (!vm.origin.empty())
         store_->release(vm.origin);
+    if (!vm.outbox.empty())
+        store_->remove_outbox(vm.outbox);
     graveyard_.push_back(std::move(vm.sandbox));
     bury_timer_.arm(std::chrono::nanoseconds(1));
     if (draining_)
@@ -310,12 +325,14 @@ void SandboxManager::refill()
     for (auto& [name, pool] : pools_) {
         while (pool.warm.size() + pool.starting + pool.warming < pool.config.target
                && pool.starting < config_.refill_concurrency && now >= pool.next_refill && live_vms() < config_.max_sandboxes) {
-            if (host_available_mib() < config_.mem_reserve_mib)
-                return;
+            // A refill runs from timers and exits, outside any request: what it throws (out
+            // of descriptors, /proc/meminfo unreadable) would end serve. It waits instead.
             try {
+                if (host_available_mib() < config_.mem_reserve_mib)
+                    return;
                 start_vm(pool, true);
                 ++pool.starting;
-            } catch (const Error& e) {
+            } catch (const std::exception& e) {
                 spdlog::error("pool {}: {}", name, e.what());
                 pool.next_refill = now + max_refill_backoff;
                 break;
@@ -446,24 +463,32 @@ std::optional<Refusal> SandboxManager::admit_restores(unsigned count)
 void SandboxManager::take_snapshot(Sandbox& sandbox, const std::string& kind,
                                    std::function<void(const std::string& path, const std::string& error)> done)
 {
-    // Unique across serve's restarts too: a resumed sandbox's snapshot is still there.
-    const auto now_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                            std::chrono::system_clock::now().time_since_epoch())
-                            .count();
-    const std::string name = fmt::format("{}-{}-{}-{}", kind, sandbox.id(), now_ns, ++snapshots_taken_);
+    std::string name;
+    try {
+        name = store_->new_name(kind, sandbox.id());
+    } catch (const Error& e) {
+        return done("", e.what());
+    }
+    const std::string outbox = vms_.at(&sandbox).outbox;
     const Json request{{"op", "snapshot"}, {"name", name}};
     sandbox.call(request, request,
-                 CallHandlers{[](Json&&) {}, [this, done = std::move(done)](Json&& answer) {
-                                  if (!answer.contains("snapshot")) {
+                 CallHandlers{[](Json&&) {}, [this, name, outbox, done = std::move(done)](Json&& answer) {
+                                  if (!answer.contains("snapshot") || !answer["snapshot"].is_object()) {
                                       const Json& error = answer.contains("error") ? answer["error"] : answer;
                                       return done("", error.is_object() ? error.value("message", error.dump())
                                                                         : error.dump());
                                   }
-                                  const std::string path = answer["snapshot"].value("path", "");
-                                  if (!store_->owns(path))
-                                      return done("", "the episode wrote its snapshot elsewhere: " + path);
-                                  store_->adopt(path);
-                                  done(path, "");
+                                  const Json& said = answer["snapshot"]["path"];
+                                  std::string taken;
+                                  try {
+                                      // Only the directory it was asked to write is taken,
+                                      // whatever the answer names.
+                                      taken = store_->take_from_outbox(outbox, name,
+                                                                       said.is_string() ? said.get<std::string>() : "");
+                                  } catch (const Error& e) {
+                                      return done("", e.what());
+                                  }
+                                  done(taken, "");
                               }});
 }
 

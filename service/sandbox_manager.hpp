@@ -123,6 +123,7 @@ private:
         Sandbox::Settings settings;
         Sandbox::Clock::time_point requested{};
         std::string origin;  // the live snapshot it was restored from (held in store_), if any
+        std::string outbox;  // where its VMM writes live snapshots (store_->new_outbox()), if any
     };
 
     Pool* pool_named(const std::string& name);
@@ -154,7 +155,6 @@ private:
     std::map<std::string, Pool> restore_pools_;  // by snapshot path
     std::optional<SnapshotStore> store_;
     std::set<std::string> resuming_;
-    uint64_t snapshots_taken_ = 0;
     std::map<Sandbox*, Vm> vms_;
     std::map<std::string, Sandbox*> by_id_;
     std::map<std::string, std::string> ended_;

@@ -1,9 +1,12 @@
 #include "service/snapshot_store.hpp"
 
 #include <fcntl.h>
+#include <stdlib.h>
 #include <sys/file.h>
 #include <sys/stat.h>
 
+#include <algorithm>
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -83,7 +86,7 @@ PausedSandbox PausedSandbox::from_json(const json& j)
 }
 
 SnapshotStore::SnapshotStore(std::string state_dir)
-    : paused_dir_(state_dir + "/paused"), snapshots_dir_(state_dir + "/snapshots")
+    : paused_dir_(state_dir + "/paused"), snapshots_dir_(state_dir + "/snapshots"), outbox_dir_(state_dir + "/outbox")
 {
     make_dir(state_dir);
     const std::string lock_path = state_dir + "/lock";
@@ -96,6 +99,12 @@ SnapshotStore::SnapshotStore(std::string state_dir)
                                 state_dir));
     make_dir(paused_dir_);
     make_dir(snapshots_dir_);
+    // Outboxes of VMs a killed serve left: nothing in them was taken, so nothing holds it.
+    std::error_code ec;
+    fs::remove_all(outbox_dir_, ec);
+    if (ec)
+        throw Error(fmt::format("serve's state directory: removing '{}': {}", outbox_dir_, ec.message()));
+    make_dir(outbox_dir_);
     for (const auto& entry : fs::directory_iterator(paused_dir_)) {
         const fs::path path = entry.path();
         if (path.extension() != ".json") {
@@ -116,6 +125,11 @@ SnapshotStore::SnapshotStore(std::string state_dir)
     // Holds from what is on disk: each snapshot on its parent, each record on its snapshot.
     for (const auto& entry : fs::directory_iterator(snapshots_dir_)) {
         const std::string path = entry.path().string();
+        if (!owns(path) || !entry.is_directory() || entry.is_symlink()) {
+            spdlog::warn("removing '{}' from serve's snapshots: not a snapshot serve made", path);
+            fs::remove_all(path, ec);
+            continue;
+        }
         holds_.try_emplace(path, 0);
         if (const auto parent = parent_of(path))
             ++holds_[*parent];
@@ -136,7 +150,64 @@ SnapshotStore::SnapshotStore(std::string state_dir)
 bool SnapshotStore::owns(const std::string& path) const
 {
     const fs::path p(path);
-    return p.parent_path() == fs::path(snapshots_dir_) && !p.filename().empty();
+    return p.parent_path() == fs::path(snapshots_dir_) && valid_name(p.filename().string());
+}
+
+bool SnapshotStore::valid_name(std::string_view name)
+{
+    constexpr size_t max_name = 200;
+    if (name.size() > max_name || !(name.starts_with("fork-") || name.starts_with("pause-")))
+        return false;
+    return std::all_of(name.begin(), name.end(),
+                       [](char c) { return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-'; });
+}
+
+std::string SnapshotStore::new_name(std::string_view kind, std::string_view id)
+{
+    // Nanoseconds: unique across serve's restarts too, where a resumed sandbox keeps its id
+    // and its earlier snapshots are still there.
+    const auto now_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                            std::chrono::system_clock::now().time_since_epoch())
+                            .count();
+    std::string name = fmt::format("{}-{}-{}-{}", kind, id, now_ns, ++names_made_);
+    if (!valid_name(name))
+        throw Error(fmt::format("no snapshot name can be made for sandbox '{:.64}'", id));
+    return name;
+}
+
+std::string SnapshotStore::new_outbox()
+{
+    std::string dir = outbox_dir_ + "/vm-XXXXXX";
+    if (::mkdtemp(dir.data()) == nullptr)
+        throw_errno(fmt::format("making a VM's snapshot outbox in '{}'", outbox_dir_));
+    return dir;
+}
+
+void SnapshotStore::remove_outbox(const std::string& outbox)
+{
+    if (fs::path(outbox).parent_path() != fs::path(outbox_dir_))
+        return;
+    std::error_code ec;
+    fs::remove_all(outbox, ec);
+    if (ec)
+        spdlog::error("removing a VM's snapshot outbox '{}': {}", outbox, ec.message());
+}
+
+std::string SnapshotStore::take_from_outbox(const std::string& outbox, const std::string& name,
+                                            const std::string& path)
+{
+    const std::string written = outbox + "/" + name;
+    if (!valid_name(name) || path != written)
+        throw Error(fmt::format("the episode answered with snapshot '{:.256}', not the '{}' it was asked for", path,
+                                written));
+    struct stat st {};
+    if (::lstat(written.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
+        throw Error(fmt::format("the episode's snapshot '{}' is not a directory", written));
+    const std::string target = snapshots_dir_ + "/" + name;
+    if (::rename(written.c_str(), target.c_str()) != 0)
+        throw_errno(fmt::format("moving snapshot '{}' to '{}'", written, target));
+    adopt(target);
+    return target;
 }
 
 std::optional<std::string> SnapshotStore::parent_of(const std::string& path) const
@@ -174,6 +245,8 @@ void SnapshotStore::release(const std::string& path)
         return;
     const std::optional<std::string> parent = parent_of(path);
     holds_.erase(it);
+    if (!owns(path))
+        return;  // never held: hold() and the start-up count take only our own
     std::error_code ec;
     fs::remove_all(path, ec);
     if (ec)

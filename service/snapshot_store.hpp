@@ -1,7 +1,13 @@
 // serve's live snapshots and paused sandboxes on disk (docs/api.md, "Fork, pause and resume"),
 // under a state directory that outlives serve:
-//   snapshots/NAME      live snapshots the sandboxes' episodes write (vmm/snapshot.hpp)
+//   snapshots/NAME      live snapshots the sandboxes' episodes wrote (vmm/snapshot.hpp)
 //   paused/ID.json      a paused sandbox: its snapshot and settings, to resume it by its id
+//   outbox/vm-XXXXXX/   one per running VM: the only snapshot directory its jailed VMM can
+//                       write, so that a VMM a guest took over reaches no other snapshot
+// A VM writes its snapshot into its outbox under a name the store made; the store moves it
+// into snapshots/ only when the VM answers with exactly that directory. Every name the store
+// takes is one it makes (kind, sandbox id and counters: no '/', '.' or '..'): a guest that
+// forges an answer or a manifest cannot name a path outside snapshots/.
 // A snapshot stays while something holds it: a VM restored from it, a paused sandbox, or a
 // snapshot stored over it (its manifest's parent). When the last hold goes it is removed, and
 // with it its hold on its parent. At start the holds are counted again from what is on disk,
@@ -12,6 +18,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -46,12 +53,25 @@ public:
     explicit SnapshotStore(std::string state_dir);
 
     const std::string& snapshots_dir() const { return snapshots_dir_; }
-    // Whether `path` is one of ours (under snapshots/), which holds apply to.
+    // Whether `path` is one of ours (snapshots/NAME with a name of the store's making), which
+    // holds apply to.
     bool owns(const std::string& path) const;
+    // Whether `name` has the shape of the names new_name() makes.
+    static bool valid_name(std::string_view name);
 
-    // A snapshot an episode just wrote: it holds its parent, if that is ours. Nothing holds
-    // it yet: the caller holds it next (a VM restored from it, a paused sandbox).
-    void adopt(const std::string& path);
+    // A new snapshot's name, for a snapshot of `kind` ("fork", "pause") of sandbox `id`,
+    // unique across serve's restarts. Throws Error if `kind` or `id` would make an invalid one.
+    std::string new_name(std::string_view kind, std::string_view id);
+    // A fresh, empty directory for one VM's live snapshots (mode 0700). Throws Error.
+    std::string new_outbox();
+    // Removes a VM's outbox and whatever it left there.
+    void remove_outbox(const std::string& outbox);
+    // The VM with `outbox` answered that it wrote snapshot `name` at `path`: moved into
+    // snapshots/ and adopted (it holds its parent, if that is ours; nothing holds it yet: the
+    // caller holds it next). Returns its path there. `name` is the one the caller asked the
+    // VM for, never one read from its answer. Throws Error when `path` is not that outbox's
+    // directory `name`, or that is not a plain directory.
+    std::string take_from_outbox(const std::string& outbox, const std::string& name, const std::string& path);
     void hold(const std::string& path);
     // Drops one hold; at none the snapshot is removed, and its own hold on its parent dropped.
     void release(const std::string& path);
@@ -67,10 +87,14 @@ public:
 
 private:
     std::optional<std::string> parent_of(const std::string& path) const;
+    // A snapshot just taken in: it holds its parent, if that is ours.
+    void adopt(const std::string& path);
 
     Fd lock_;
     std::string paused_dir_;
     std::string snapshots_dir_;
+    std::string outbox_dir_;
+    uint64_t names_made_ = 0;
     std::map<std::string, int> holds_;
     std::map<std::string, PausedSandbox> paused_;
 };

@@ -94,6 +94,22 @@ Fd open_read(const std::string& path, const std::string& what)
     return fd;
 }
 
+// A file a snapshot holds: a regular file, never followed through a symlink nor waited on as a
+// FIFO. A live snapshot's directory was written by a VMM that a guest may have taken over; a
+// link in it must not hand a host file to the next VM restored from it.
+Fd open_snapshot_file(const std::string& path, const std::string& what)
+{
+    Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK));
+    if (!fd)
+        throw_errno(fmt::format("{} '{}'", what, path));
+    struct stat st {};
+    if (::fstat(fd.get(), &st) != 0)
+        throw_errno(fmt::format("{} '{}'", what, path));
+    if (!S_ISREG(st.st_mode))
+        throw Error(fmt::format("{} '{}' is not a regular file", what, path));
+    return fd;
+}
+
 // An input file as the manifest records it: where it was, its stamp and its content digest.
 json input_file(const std::string& path, const std::string& what)
 {
@@ -324,7 +340,7 @@ namespace {
 // A snapshot's own file, opened: its size must be the recorded one.
 Fd open_stored(const fs::path& path, const json& record)
 {
-    Fd fd = open_read(path.string(), "snapshot file");
+    Fd fd = open_snapshot_file(path.string(), "snapshot file");
     const uint64_t size = file_stamp(fd.get(), path.string()).size;
     const uint64_t recorded = stamp_from(record.at("stamp")).size;
     if (size != recorded)
@@ -406,7 +422,7 @@ struct ChainLink {
 
 std::vector<uint8_t> read_manifest_bytes(const fs::path& dir)
 {
-    Fd fd = open_read((dir / manifest_name).string(), "snapshot manifest");
+    Fd fd = open_snapshot_file((dir / manifest_name).string(), "snapshot manifest");
     return read_file_bytes(fd.get(), max_manifest_bytes, manifest_name);
 }
 

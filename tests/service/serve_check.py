@@ -867,11 +867,139 @@ def fork_pause_resume():
     return "; ".join(seen)
 
 
+# Run as root in a sandbox's guest: takes the agent's own connection to the host (pidfd_getfd)
+# and speaks in its place: answers for every call id serve is likely to use, naming a path
+# outside the sandbox as their snapshot, stray lines about calls nobody made, and huge lines.
+FORGER = r"""
+import ctypes, json, os, sys, time
+target, seconds = sys.argv[1], float(sys.argv[2])
+libc = ctypes.CDLL(None, use_errno=True)
+SYS_pidfd_getfd = 438
+agent = next(p for p in os.listdir("/proc")
+             if p.isdigit() and open(f"/proc/{p}/comm").read().strip() == "agentvm-agent")
+pidfd = os.pidfd_open(int(agent))
+socks = []
+for fd in os.listdir(f"/proc/{agent}/fd"):
+    try:
+        if os.readlink(f"/proc/{agent}/fd/{fd}").startswith("socket:"):
+            got = libc.syscall(SYS_pidfd_getfd, pidfd, int(fd), 0)
+            if got >= 0:
+                socks.append(got)
+    except OSError:
+        pass
+print(len(socks), flush=True)
+while not os.path.exists("/root/go"):
+    time.sleep(0.05)
+time.sleep(1)
+forged = "".join(json.dumps({"id": i, "snapshot": {"path": target}, "ok": True, "exit_code": 0}) + "\n"
+                 for i in range(1, 200))
+stray = "".join(json.dumps({"id": 10**9 + i, "event": "stdout", "data": "stray"}) + "\n" for i in range(50))
+huge = json.dumps({"id": 10**12, "exit_code": 0, "stdout": "A" * (4 << 20)}) + "\n"
+end = time.monotonic() + seconds
+rounds = 0
+while time.monotonic() < end:
+    for s in socks:
+        try:
+            os.write(s, (forged + stray + (huge if rounds % 20 == 0 else "")).encode())
+        except OSError:
+            pass
+    rounds += 1
+    time.sleep(0.01)
+"""
+
+
+def state_files(state):
+    """Every file under serve's state directory but the VMs' outboxes, with its digest."""
+    found = {}
+    for root, dirs, files in os.walk(state):
+        if os.path.relpath(root, state) == ".":
+            dirs[:] = [d for d in dirs if d != "outbox"]
+        for name in files:
+            path = os.path.join(root, name)
+            with open(path, "rb") as f:
+                found[os.path.relpath(path, state)] = hashlib.sha256(f.read()).hexdigest()
+    return found
+
+
+def hostile_guest():
+    """A guest that answers in its agent's place, serve's snapshot calls included, while serve
+    forks and pauses it: nothing outside that sandbox changes and serve serves the others."""
+    sock = os.path.join(TMP, "hostile.sock")
+    serve = Serve(SERVE, "--listen", f"unix:{sock}", "--pool", "default=1", "--mem-reserve", "64", log_level="info")
+    state = serve.state_dir
+
+    def sh(sid, cmd):
+        answer = ok_json("POST", f"/v1/sandboxes/{sid}/shell", {"cmd": cmd}, sock=sock)
+        expect(answer.get("exit_code") == 0, f"{cmd}: {answer}")
+        return text(answer, "stdout")
+
+    seen = []
+    try:
+        serve.wait_listening(lambda: connect(sock))
+        paused = create(sock=sock)["id"]
+        sh(paused, "echo paused-tenant > /root/mine")
+        ok_json("POST", f"/v1/sandboxes/{paused}/pause", sock=sock)
+        neighbour = create(sock=sock)["id"]
+        sh(neighbour, "echo neighbour > /root/mine")
+        attacker = create(sock=sock)["id"]
+        before = state_files(state)
+        expect(any(path.startswith("snapshots/") for path in before), f"no paused snapshot to guard: {before}")
+
+        status, _, data = call(connect(sock), "PUT", f"/v1/sandboxes/{attacker}/files?path=/root/forge.py",
+                               FORGER.encode())
+        expect(status == 200, f"upload: {status} {data!r}")
+        target = os.path.join(state, "snapshots", "..")
+        sh(attacker, f"setsid python3 /root/forge.py {target} 60 >/root/forge.log 2>&1 </dev/null &")
+        deadline = time.monotonic() + 60
+        while not sh(attacker, "cat /root/forge.log").strip():
+            expect(time.monotonic() < deadline, "the forger never started")
+            time.sleep(0.5)
+        grabbed = sh(attacker, "cat /root/forge.log").split()[0]
+        expect(grabbed.isdigit() and int(grabbed) >= 1, f"the forger took no socket of the agent: {grabbed}")
+        # Its answer may already be a forged one.
+        request("POST", f"/v1/sandboxes/{attacker}/shell", {"cmd": "touch /root/go"}, sock=sock)
+        time.sleep(3)  # its flood runs
+
+        outcomes = []
+        children = []
+        for action, body in (("fork", {"count": 1}), ("fork", {"count": 1}), ("pause", {})):
+            status, _, data = request("POST", f"/v1/sandboxes/{attacker}/{action}", body, sock=sock)
+            outcomes.append(f"{action} {status} {json_error(data) if status >= 400 else ''}".strip())
+            if status == 500:
+                message = json.loads(data).get("message", "")
+                expect("forged" in message, f"{action} refused, but not for the forged answer: {message}")
+            if status == 201:
+                children += [child["id"] for child in json.loads(data)["sandboxes"]]
+            if status >= 400:
+                break
+        expect(any(o.startswith(("fork 500", "pause 500")) for o in outcomes),
+               f"no snapshot call of serve's met a forged answer: {outcomes}")
+        seen.append("forged answers to serve's snapshot calls: " + ", ".join(outcomes))
+        for sid in children + [attacker]:
+            request("DELETE", f"/v1/sandboxes/{sid}", sock=sock)
+
+        # Once the attacker's VMs are gone, the state directory is as it was.
+        deadline = time.monotonic() + 60
+        while (after := state_files(state)) != before and time.monotonic() < deadline:
+            time.sleep(0.5)
+        changed = sorted(set(before.items()) ^ set(after.items()))
+        expect(not changed, f"serve's state directory changed: {changed[:10]}")
+        seen.append(f"state directory unchanged ({len(before)} files hashed)")
+        expect(sh(neighbour, "cat /root/mine").strip() == "neighbour", "the neighbour lost its file")
+        ok_json("POST", f"/v1/sandboxes/{paused}/resume", sock=sock)
+        expect(sh(paused, "cat /root/mine").strip() == "paused-tenant", "the paused tenant lost its file")
+        seen.append("the neighbour and the paused tenant (resumed) kept their files")
+        expect(serve.stop() == 0, f"serve exit: {serve.log()[-2000:]}")
+    finally:
+        serve.stop()
+    return "; ".join(seen)
+
+
 SHARED = [pool_warm_and_cold, state_within_not_across, big_file_both_ways, streaming, timeouts, vm_killed,
           errors, run_code, code_cancel_file_info, run_jupyter, metrics_match]
 # After the shared serve has stopped: these count every agentvm process of the machine.
 ALONE = [drain_with_call_in_flight, soak_no_leaks, kill9_leaves_nothing, memory_reserve_refuses, pool_warmup,
-         plan_calibrates, fork_pause_resume]
+         plan_calibrates, fork_pause_resume, hostile_guest]
 
 
 def main():
