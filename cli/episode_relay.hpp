@@ -60,7 +60,7 @@ public:
     static constexpr double default_call_timeout_s = 600;
     // One stream's max_output in an episode, which bounds every response line.
     static constexpr uint64_t max_output_limit = uint64_t{64} << 20;
-    // No honest response line is longer (max_response_line_for, protocol/agent_protocol.hpp).
+    // No honest response line is longer (max_response_line_for, protocol/response_line.hpp).
     // The episode passes lines on as they arrive and ends at a longer one; `agentvm run`
     // holds its one whole.
     static constexpr size_t max_response_line = max_response_line_for(max_output_limit);

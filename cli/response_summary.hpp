@@ -11,6 +11,8 @@
 #include <string_view>
 #include <vector>
 
+#include "protocol/json_depth.hpp"
+
 namespace agentvm {
 
 struct ResponseSummary {
@@ -30,7 +32,7 @@ constexpr size_t max_id_bytes = 1024;
 class ResponseScanner {
 public:
     // No line nests deeper than this in the protocol; deeper is not a protocol line.
-    static constexpr size_t max_depth = 64;
+    static constexpr size_t max_depth = max_json_depth;
 
     // The next bytes of the line (no '\n' in them). False once the line is not a JSON object.
     bool feed(std::string_view bytes);

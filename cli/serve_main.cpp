@@ -100,6 +100,15 @@ int main(int argc, char** argv)
     app.add_option("--history", config.sandboxes.history_limit, "calls each sandbox's history keeps (the latest)")
         ->capture_default_str()
         ->check(CLI::Range(1u, 100000u));
+    app.add_option("--fusion-fetch-max", config.sandboxes.fusion_fetch_max,
+                   "bytes of fetch_files one /run_code or /run_jupyter request brings back, all files together; "
+                   "past it the answer is SandboxError")
+        ->capture_default_str()
+        ->check(CLI::Range(uint64_t{0}, uint64_t{1} << 30));
+    app.add_option("--fusion-output-max", config.sandboxes.fusion_output_max,
+                   "bytes of each output stream a /run_code run, or all the cells of a /run_jupyter request, keep")
+        ->capture_default_str()
+        ->check(CLI::Range(uint64_t{0}, uint64_t{EpisodeProcess::max_output_limit}));
     app.add_option("--drain-grace", drain_grace_s,
                    "seconds running calls may take to finish after SIGTERM before their VMs are stopped")
         ->capture_default_str()

@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include "protocol/json_depth.hpp"
+#include "protocol/utf8.hpp"
 #include "service/api_error.hpp"
 #include "service/call_relay.hpp"
 #include "service/create_request.hpp"
@@ -29,6 +31,23 @@ Json json_body(const HttpExchange& exchange)
     return body;
 }
 
+// Deletes the sandboxes `ids` (a create's, a fork's) when the answer naming them is not
+// delivered: nobody else would learn their ids. A client that went away while its answer
+// waited (its connection suspended, which the HTTP library does not watch) shows only when
+// that answer cannot be sent, not in gone() beforehand.
+void remove_if_undelivered(SandboxManager& manager, HttpExchange& exchange, std::vector<std::string> ids)
+{
+    auto remove = [&manager, ids = std::move(ids)] {
+        for (const std::string& id : ids)
+            if (auto sandbox = manager.find(id))
+                manager.remove(*sandbox, "its creator went away before it was ready");
+    };
+    if (exchange.gone())
+        remove();
+    else
+        exchange.on_gone(std::move(remove));
+}
+
 std::string json_text(const Json& value)
 {
     return value.dump(-1, ' ', false, Json::error_handler_t::replace) + "\n";
@@ -51,6 +70,18 @@ Json clipped(const Json& value)
         return out;
     }
     return value;
+}
+
+// The file a files request names (?path=). UTF-8 only: the agent protocol carries a path as a
+// JSON string, where other bytes would become U+FFFD, another file.
+std::string file_path(const HttpExchange& exchange)
+{
+    std::optional<std::string> file = exchange.query("path");
+    if (!file || file->empty())
+        throw ApiError(400, "missing_field", "the file is named by the query argument ?path=");
+    if (!is_valid_utf8(*file))
+        throw ApiError(400, "bad_field", "?path= must be UTF-8 once percent-decoded");
+    return std::move(*file);
 }
 
 // "42" -> 42: digits only, not 0, not past what a uint64_t holds.
@@ -88,6 +119,10 @@ bool ServiceApi::streams_body(std::string_view method, std::string_view path)
 void ServiceApi::handle(const std::shared_ptr<HttpExchange>& exchange)
 {
     try {
+        // Before anything parses the body: what is done with a parsed body recurses.
+        if (!json_depth_within(exchange->body()))
+            throw ApiError(400, "bad_json",
+                           fmt::format("the body nests arrays and objects deeper than {} levels", max_json_depth));
         route(exchange);
     } catch (const ApiError& e) {
         exchange->respond_error(e.status, e.code, e.what());
@@ -140,17 +175,19 @@ void ServiceApi::create(const std::shared_ptr<HttpExchange>& exchange)
                         if (refusal)
                             return exchange->respond_error(refusal->status, refusal->code, refusal->message,
                                                            refusal->retry_after_s);
-                        if (exchange->gone()) {
-                            manager_.remove(*sandbox, "its creator went away before it was ready");
-                            return;
-                        }
-                        exchange->respond(201, json_text(sandbox->describe()));
+                        remove_if_undelivered(manager_, *exchange, {sandbox->id()});
+                        if (!exchange->gone())
+                            exchange->respond(201, json_text(sandbox->describe()));
                     });
 }
 
 void ServiceApi::sandbox_request(const std::shared_ptr<HttpExchange>& exchange, const std::string& id,
                                  const std::string& action)
 {
+    // Checked first: a request serve cannot carry out is refused whether or not its sandbox runs.
+    std::optional<std::string> file;
+    if (action == "files" || action == "files/stat" || action == "files/list")
+        file = file_path(*exchange);
     std::shared_ptr<Sandbox> sandbox = manager_.find(id);
     if (!sandbox && manager_.find_paused(id))
         return paused_request(exchange, id, action);
@@ -180,12 +217,9 @@ void ServiceApi::sandbox_request(const std::shared_ptr<HttpExchange>& exchange, 
     }
     if (action == "files/stat" || action == "files/list") {
         require_method(*exchange, "GET");
-        return file_info(exchange, sandbox, action == "files/stat" ? "stat" : "list_dir");
+        return file_info(exchange, sandbox, action == "files/stat" ? "stat" : "list_dir", *file);
     }
     if (action == "files") {
-        const std::optional<std::string> file = exchange->query("path");
-        if (!file || file->empty())
-            throw ApiError(400, "missing_field", "the file is named by the query argument ?path=");
         if (method == "PUT")
             return start_upload(sandbox, exchange, *file, exchange->query("mode"));
         require_method(*exchange, "GET");
@@ -211,10 +245,16 @@ void ServiceApi::sandbox_request(const std::shared_ptr<HttpExchange>& exchange, 
             count.get<uint64_t>() > max_fork_count)
             throw ApiError(400, "bad_field", fmt::format("the body is {{\"count\": N}}, N from 1 to {}", max_fork_count));
         return manager_.fork(*sandbox, count.get<unsigned>(),
-                             [exchange](const std::vector<Sandbox*>& children, const Refusal* refusal) {
+                             [this, exchange](const std::vector<Sandbox*>& children, const Refusal* refusal) {
                                  if (refusal)
                                      return exchange->respond_error(refusal->status, refusal->code, refusal->message,
                                                                     refusal->retry_after_s);
+                                 std::vector<std::string> ids;
+                                 for (Sandbox* child : children)
+                                     ids.push_back(child->id());
+                                 remove_if_undelivered(manager_, *exchange, std::move(ids));
+                                 if (exchange->gone())
+                                     return;
                                  Json list = Json::array();
                                  for (Sandbox* child : children)
                                      list.push_back(child->describe());
@@ -295,33 +335,33 @@ void ServiceApi::cancel(const std::shared_ptr<HttpExchange>& exchange, const std
     const std::optional<uint64_t> seq = positive_integer(seq_text);
     if (!seq || *seq > sandbox->history().total())
         throw ApiError(404, "not_found", fmt::format("sandbox {} has no call {}", sandbox->id(), seq_text));
-    const bool running = sandbox->cancel(*seq, [exchange](Json&& answer) {
+    auto on_answer = [exchange](Json&& answer) {
         if (answer.contains("error"))
             return respond_agent_error(*exchange, answer);
         exchange->respond(200, json_text(Json{{"running", answer.value("running", false)}}));
-    });
+    };
+    const bool running = sandbox->cancel(*seq, answering(exchange, CallHandlers{{}, std::move(on_answer)}).on_answer);
     if (!running)
         exchange->respond(200, json_text(Json{{"running", false}}));
 }
 
 void ServiceApi::file_info(const std::shared_ptr<HttpExchange>& exchange, const std::shared_ptr<Sandbox>& sandbox,
-                           const std::string& op)
+                           const std::string& op, const std::string& file)
 {
-    const std::optional<std::string> file = exchange->query("path");
-    if (!file || file->empty())
-        throw ApiError(400, "missing_field", "the file is named by the query argument ?path=");
-    Json request{{"op", op}, {"path", *file}};
+    Json request{{"op", op}, {"path", file}};
     if (const std::optional<std::string> max = exchange->query("max_entries"); max && op == "list_dir") {
         const std::optional<uint64_t> entries = positive_integer(*max);
         if (!entries || *entries > max_list_entries)
             throw_bad_field(fmt::format("\"max_entries\" must be an integer from 1 to {}", max_list_entries));
         request["max_entries"] = *entries;
     }
-    sandbox->call(std::move(request), std::nullopt, CallHandlers{[](Json&&) {}, [exchange](Json&& answer) {
-                                                                   if (answer.contains("error"))
-                                                                       return respond_agent_error(*exchange, answer);
-                                                                   exchange->respond(200, json_text(answer));
-                                                               }});
+    auto on_answer = [exchange](Json&& answer) {
+        if (answer.contains("error"))
+            return respond_agent_error(*exchange, answer);
+        exchange->respond(200, json_text(answer));
+    };
+    sandbox->call(std::move(request), std::nullopt,
+                  answering(exchange, CallHandlers{[](Json&&) {}, std::move(on_answer)}));
 }
 
 } // namespace agentvm

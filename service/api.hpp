@@ -33,7 +33,7 @@ private:
                 const std::string& seq_text);
     // GET .../files/stat and .../files/list: the agent's stat and list_dir.
     void file_info(const std::shared_ptr<HttpExchange>& exchange, const std::shared_ptr<Sandbox>& sandbox,
-                   const std::string& op);
+                   const std::string& op, const std::string& file);
 
     SandboxManager& manager_;
 };

@@ -1,5 +1,7 @@
 #include "service/call_history.hpp"
 
+#include <algorithm>
+
 #include "service/wall_clock.hpp"
 
 namespace agentvm {
@@ -11,6 +13,64 @@ void keep(std::string& kept, bool& clipped, std::string_view bytes)
     const size_t room = CallHistory::output_kept - kept.size();
     kept.append(bytes.substr(0, room));
     clipped = clipped || bytes.size() > room;
+}
+
+// A string's first `room` bytes at most, cut where a UTF-8 character starts (a JSON string
+// holds whole characters, and a cut one would not dump).
+std::string utf8_prefix(const std::string& text, size_t room)
+{
+    if (text.size() <= room)
+        return text;
+    size_t end = room;
+    while (end > 0 && (static_cast<unsigned char>(text[end]) & 0xC0) == 0x80)
+        --end;
+    return text.substr(0, end);
+}
+
+// A copy of `value` that costs at most `budget` bytes (roughly its JSON text), which is
+// charged for what is kept; `clipped` is set when anything was left out.
+Json clipped_copy(const Json& value, size_t& budget, bool& clipped, int depth)
+{
+    const auto charge = [&](size_t bytes) {
+        budget -= std::min(budget, bytes);
+    };
+    if (depth > CallHistory::depth_kept) {
+        clipped = true;
+        return nullptr;
+    }
+    if (value.is_string()) {
+        const std::string& text = value.get_ref<const std::string&>();
+        std::string kept = utf8_prefix(text, budget);
+        clipped = clipped || kept.size() < text.size();
+        charge(kept.size() + 2);
+        return kept;
+    }
+    if (value.is_object()) {
+        Json copy = Json::object();
+        for (const auto& [key, member] : value.items()) {
+            if (budget <= key.size() + 3) {
+                clipped = true;
+                break;
+            }
+            charge(key.size() + 3);
+            copy[key] = clipped_copy(member, budget, clipped, depth + 1);
+        }
+        return copy;
+    }
+    if (value.is_array()) {
+        Json copy = Json::array();
+        for (const Json& element : value) {
+            if (budget <= 1) {
+                clipped = true;
+                break;
+            }
+            charge(1);
+            copy.push_back(clipped_copy(element, budget, clipped, depth + 1));
+        }
+        return copy;
+    }
+    charge(8);  // a number, a boolean or null
+    return value;
 }
 
 } // namespace
@@ -56,11 +116,21 @@ void CallHistory::end(uint64_t seq, const Json& answer)
     if (!entry)
         return;
     Json result = Json::object();
+    size_t budget = fields_kept;
+    bool clipped = false;
     for (const auto& [key, value] : answer.items()) {
         const bool output = key == "stdout" || key == "stderr" || key == "stdout_b64" || key == "stderr_b64";
-        if (!output)
-            result[key] = value;
+        if (output)
+            continue;
+        if (budget <= key.size() + 3) {
+            clipped = true;
+            break;
+        }
+        budget -= key.size() + 3;
+        result[key] = clipped_copy(value, budget, clipped, 1);
     }
+    if (clipped)
+        result["clipped"] = true;
     // A streamed call's output came as events; otherwise it is in the answer.
     if (!entry->streamed) {
         for (const char* stream : {"stdout", "stderr"}) {

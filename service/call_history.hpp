@@ -1,7 +1,9 @@
 // What a sandbox keeps of the calls it ran, for a harness to grade and log a trajectory
 // (docs/api.md, "History"): per call the request's summary, when it started, how long it took
-// and its result, with at most the first output_kept bytes of each output stream. Bounded:
-// past `limit` entries the oldest are dropped, and counted.
+// and its result, with at most the first output_kept bytes of each output stream and at most
+// fields_kept bytes of its other fields (a run_code result, a traceback, an error message:
+// the guest's to make as long as a line may be). Bounded: past `limit` entries the oldest
+// are dropped, and counted.
 #pragma once
 
 #include <chrono>
@@ -17,6 +19,12 @@ namespace agentvm {
 class CallHistory {
 public:
     static constexpr size_t output_kept = 4096;
+    // What an entry keeps of the answer's fields other than stdout and stderr, counted as
+    // their JSON text (names, strings, numbers); past it strings are cut (on a UTF-8
+    // character's boundary), members and elements left out, and the result says "clipped".
+    static constexpr size_t fields_kept = 4096;
+    // Deeper than this, a value is left out (no honest answer nests so).
+    static constexpr int depth_kept = 16;
 
     explicit CallHistory(size_t limit) : limit_(limit) {}
 

@@ -25,6 +25,30 @@ void respond_agent_error(HttpExchange& exchange, const Json& answer)
     exchange.respond_error(status_for_agent_error(code), code, message);
 }
 
+namespace {
+
+std::function<void(Json&&)> guarded(const std::shared_ptr<HttpExchange>& exchange,
+                                    std::function<void(Json&&)> handler)
+{
+    if (!handler)
+        return handler;
+    return [exchange, handler = std::move(handler)](Json&& message) {
+        try {
+            handler(std::move(message));
+        } catch (const std::exception& e) {
+            exchange->fail(e);
+        }
+    };
+}
+
+} // namespace
+
+CallHandlers answering(const std::shared_ptr<HttpExchange>& exchange, CallHandlers handlers)
+{
+    return CallHandlers{guarded(exchange, std::move(handlers.on_event)),
+                        guarded(exchange, std::move(handlers.on_answer))};
+}
+
 void StreamPacer::after_write()
 {
     auto exchange = exchange_.lock();
@@ -85,7 +109,8 @@ void relay_call(SandboxManager& manager, const std::shared_ptr<Sandbox>& sandbox
         }
     };
     // Its lines come from the event loop, never from within call(): the answer starts after.
-    const uint64_t call = sandbox->call(std::move(request), std::move(summary), std::move(handlers));
+    const uint64_t call =
+        sandbox->call(std::move(request), std::move(summary), answering(exchange, std::move(handlers)));
     if (const std::optional<uint64_t> seq = sandbox->history_seq_of(call))
         exchange->add_header("X-Agentvm-Call", std::to_string(*seq));
     if (stream)

@@ -22,6 +22,11 @@ void respond_agent_error(HttpExchange& exchange, const Json& answer);
 void relay_call(SandboxManager& manager, const std::shared_ptr<Sandbox>& sandbox,
                 const std::shared_ptr<HttpExchange>& exchange, Json request, Json summary, bool stream);
 
+// `handlers` of a call that answers `exchange`, each made unable to throw: an exception one
+// lets out fails that request (HttpExchange::fail) instead of leaving through the sandbox's
+// line reader to the event loop, which would end serve and every sandbox with it.
+CallHandlers answering(const std::shared_ptr<HttpExchange>& exchange, CallHandlers handlers);
+
 class StreamPacer;
 // When the client goes away before the call answered: its pacer lets go of the sandbox's
 // output, and the sandbox forgets the call (which runs on in the guest, recorded).

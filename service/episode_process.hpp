@@ -16,7 +16,9 @@
 #include "core/async_writer.hpp"
 #include "core/event_loop.hpp"
 #include "core/fd_reader.hpp"
+#include "protocol/agent_protocol.hpp"
 #include "protocol/line_framer.hpp"
+#include "protocol/response_line.hpp"
 
 namespace agentvm {
 
@@ -30,8 +32,13 @@ public:
         std::function<void(int wait_status)> on_exit;     // reaped; the object may be destroyed then
     };
 
-    // The longest line taken from the episode; a longer one is on_broken.
-    static constexpr size_t max_line = size_t{128} << 20;
+    // The largest max_output serve lets a call ask for (Sandbox::call lowers a larger one to
+    // it): the agent's default, 16 MiB per stream. Below the episode's own 64 MiB because
+    // serve, unlike the episode, holds each line whole (and then its JSON) in memory.
+    static constexpr uint64_t max_output_limit = default_max_output;
+    // The longest line taken from the episode, 200 MiB: the longest an honest agent sends
+    // under max_output_limit (max_response_line_for). A longer one is on_broken.
+    static constexpr size_t max_line = max_response_line_for(max_output_limit);
 
     // Starts `program episode --announce-ready ARGS...`. Throws Error when it cannot.
     EpisodeProcess(EventLoop& loop, const std::string& program, const std::vector<std::string>& args,

@@ -49,7 +49,7 @@ private:
         if (failed_)
             return;
         buffer_.append(piece);
-        while (buffer_.size() >= chunk_bytes)
+        while (buffer_.size() >= chunk_bytes && !failed_)
             send(chunk_bytes);
         if (in_flight_ >= chunks_in_flight)
             exchange_->pause_body();
@@ -67,6 +67,15 @@ private:
 
     void send(size_t bytes)
     {
+        // The sandbox may have ended between chunks (no chunk in flight to be failed): a
+        // chunk sent now would never be answered, nor would the upload.
+        if (auto sandbox = sandbox_.lock(); !sandbox || sandbox->stopping()) {
+            failed_ = true;
+            const Json answer{{"error", {{"code", "vm_died"}, {"message", "the sandbox ended during the upload"}}}};
+            if (sandbox)
+                sandbox->record_end(seq_, answer);
+            return respond_agent_error(*exchange_, answer);
+        }
         Json request{{"op", "write_file"},
                      {"path", path_},
                      {"data_b64", base64_encode(std::string_view(buffer_).substr(0, bytes))}};
@@ -79,9 +88,10 @@ private:
         total_ += bytes;
         ++in_flight_;
         auto self = shared_from_this();
+        auto on_answer = [self](Json&& answer) { self->answered(answer); };
         if (auto sandbox = sandbox_.lock())
             sandbox->call(std::move(request), std::nullopt,
-                          CallHandlers{[](Json&&) {}, [self](Json&& answer) { self->answered(answer); }});
+                          answering(exchange_, CallHandlers{[](Json&&) {}, std::move(on_answer)}));
     }
 
     void answered(const Json& answer)
@@ -108,7 +118,7 @@ private:
         const Json result{{"ok", true}, {"path", path_}, {"bytes", total_}};
         if (auto sandbox = sandbox_.lock())
             sandbox->record_end(seq_, result);
-        exchange_->respond(200, result.dump() + "\n");
+        exchange_->respond(200, result.dump(-1, ' ', false, Json::error_handler_t::replace) + "\n");
     }
 
     std::weak_ptr<Sandbox> sandbox_;  // weak: its pending calls hold this upload
@@ -168,8 +178,8 @@ void start_download(const std::shared_ptr<Sandbox>& sandbox, const std::shared_p
         else
             exchange->respond(200, "", "application/octet-stream");
     };
-    const uint64_t call = sandbox->call(Json{{"op", "read_file"}, {"path", path}},
-                                        Json{{"op", "read_file"}, {"path", path}}, std::move(handlers));
+    const Json request{{"op", "read_file"}, {"path", path}};
+    const uint64_t call = sandbox->call(request, request, answering(exchange, std::move(handlers)));
     forget_call_when_gone(*exchange, sandbox, call, std::move(pacer));
 }
 

@@ -26,13 +26,46 @@ std::string error_message(const Json& answer)
 
 } // namespace
 
-std::string output_of(const Json& answer, const char* stream)
+std::string output_of(const Json& answer, const char* stream, size_t max_bytes)
 {
     try {
-        return get_bytes(answer, stream).value_or("");
+        std::string bytes = get_bytes(answer, stream).value_or("");
+        if (bytes.size() > max_bytes)
+            bytes.resize(max_bytes);
+        return bytes;
     } catch (const CallError&) {
         return "";
     }
+}
+
+std::optional<std::string> FetchBudget::refuse(const std::string& path, const Json& stat_answer) const
+{
+    const Json type = stat_answer.value("type", Json(nullptr));
+    if (type != "file")
+        return fmt::format("fetching {}: not a regular file ({})", path,
+                           type.is_string() ? type.get<std::string>() : "of no type");
+    const Json size = stat_answer.value("size", Json(nullptr));
+    if (!size.is_number_integer() || (!size.is_number_unsigned() && size.get<int64_t>() < 0))
+        return fmt::format("fetching {}: the sandbox gave no size for it", path);
+    if (size.get<uint64_t>() > left_)
+        return over(path);
+    return std::nullopt;
+}
+
+bool FetchBudget::take(std::string& content, std::string_view bytes)
+{
+    if (bytes.size() > left_)
+        return false;
+    left_ -= bytes.size();
+    content.append(bytes);
+    return true;
+}
+
+std::string FetchBudget::over(const std::string& path) const
+{
+    return fmt::format("fetching {}: the files fetched would pass {} bytes, the most one request brings back "
+                       "(--fusion-fetch-max)",
+                       path, max_);
 }
 
 Json fusion_body(const std::string& text)
@@ -84,7 +117,8 @@ FusionFiles parse_fusion_files(const Json& body)
 }
 
 FusionJob::FusionJob(SandboxManager& manager, std::shared_ptr<HttpExchange> exchange, FusionFiles files)
-    : manager_(manager), exchange_(std::move(exchange)), files_(std::move(files))
+    : manager_(manager), exchange_(std::move(exchange)), files_(std::move(files)),
+      fetch_budget_(manager_.config().fusion_fetch_max)
 {
 }
 
@@ -151,24 +185,66 @@ void FusionJob::fetch_next(size_t index, const char* status)
 {
     if (index == files_.fetch_files.size())
         return respond(status, "");
+    // A stat first (it follows links, as read_file would): a link to /dev/zero, a FIFO (whose
+    // read would hold the agent's connection) or a sparse file of a TiB is refused before
+    // the agent reads a byte of it.
+    auto self = shared_from_this();
+    const std::string path = files_.fetch_files[index];
+    auto sandbox = sandbox_.lock();
+    if (!sandbox || sandbox->stopping())
+        return sandbox_error("the sandbox ended before its files were fetched");
+    const CallHandlers handlers{[](Json&&) {}, [self, path, index, status](Json&& answer) {
+        if (answer.contains("error") && answer["error"].is_object()
+            && answer["error"].value("code", "") == "vm_died")
+            return self->sandbox_error("the sandbox ended while its files were fetched: " + error_message(answer));
+        // A file the run did not leave is left out, as SandboxFusion does.
+        if (answer.contains("error"))
+            return self->fetch_next(index + 1, status);
+        if (auto why = self->fetch_budget_.refuse(path, answer))
+            return self->sandbox_error(*why);
+        self->read_next(index, status);
+    }};
+    sandbox->call(Json{{"op", "stat"}, {"path", in_work_dir(path)}}, std::nullopt, handlers);
+}
+
+void FusionJob::read_next(size_t index, const char* status)
+{
     auto self = shared_from_this();
     const std::string path = files_.fetch_files[index];
     auto content = std::make_shared<std::string>();
+    auto over = std::make_shared<bool>(false);
     CallHandlers handlers;
-    handlers.on_event = [content](Json&& event) {
+    handlers.on_event = [self, path, content, over](Json&& event) {
+        if (*over)
+            return;
         try {
-            content->append(get_bytes(event, "data").value_or(""));
+            const std::string bytes = get_bytes(event, "data").value_or("");
+            if (!self->fetch_budget_.take(*content, bytes)) {
+                // Answered now: the sandbox is deleted with the answer, which ends the read.
+                *over = true;
+                content->clear();
+                self->sandbox_error(self->fetch_budget_.over(path));
+            }
         } catch (const CallError&) {
         }
     };
-    handlers.on_answer = [self, path, content, index, status](Json&& answer) {
+    handlers.on_answer = [self, path, content, over, index, status](Json&& answer) {
+        if (*over)
+            return;
+        // The sandbox ended: the next read_file would go to an episode that is gone (sent
+        // from inside its exit, after its calls were failed) and never be answered.
+        if (answer.contains("error") && answer["error"].is_object()
+            && answer["error"].value("code", "") == "vm_died")
+            return self->sandbox_error("the sandbox ended while its files were fetched: " + error_message(answer));
         // A file the run did not leave is left out, as SandboxFusion does.
         if (!answer.contains("error"))
             self->fetched_[path] = base64_encode(*content);
         self->fetch_next(index + 1, status);
     };
-    if (auto sandbox = sandbox_.lock())
-        sandbox->call(Json{{"op", "read_file"}, {"path", in_work_dir(path)}}, std::nullopt, std::move(handlers));
+    auto sandbox = sandbox_.lock();
+    if (!sandbox || sandbox->stopping())
+        return sandbox_error("the sandbox ended before its files were fetched");
+    sandbox->call(Json{{"op", "read_file"}, {"path", in_work_dir(path)}}, std::nullopt, std::move(handlers));
 }
 
 void FusionJob::sandbox_error(const std::string& message)

@@ -5,10 +5,13 @@
 // that happens once the request was accepted; serve's own refusals keep their HTTP status.
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -39,8 +42,31 @@ FusionFiles parse_fusion_files(const Json& body);
 double fusion_number(const Json& body, const char* name, double fallback, double min, double max);
 
 // A call's "stdout" or "stderr" (either spelling of docs/protocol.md), empty when it has none
-// or it is malformed.
-std::string output_of(const Json& answer, const char* stream);
+// or it is malformed; at most `max_bytes` of it (the max_output the call asked for: the guest
+// may not have kept to it).
+std::string output_of(const Json& answer, const char* stream, size_t max_bytes = SIZE_MAX);
+
+// What one request's fetch_files may bring back, all files together (--fusion-fetch-max),
+// counted here on the bytes the guest sends: its stat of a file only lets a file that is
+// plainly too large, or not a regular file at all (a link to /dev/zero, a FIFO, a
+// directory), be refused before any byte of it is read; the file may grow, and a guest may
+// lie.
+class FetchBudget {
+public:
+    explicit FetchBudget(uint64_t max_bytes) : max_(max_bytes), left_(max_bytes) {}
+    // Why the file that `stat_answer` (the agent's answer to stat, which follows links)
+    // describes is not fetched, if it is not.
+    std::optional<std::string> refuse(const std::string& path, const Json& stat_answer) const;
+    // Adds `bytes` to `content` when they fit in what is left; false (nothing added) when not.
+    bool take(std::string& content, std::string_view bytes);
+    // The answer's words for a file that did not fit.
+    std::string over(const std::string& path) const;
+    uint64_t left() const { return left_; }
+
+private:
+    uint64_t max_;
+    uint64_t left_;
+};
 
 class FusionJob : public std::enable_shared_from_this<FusionJob> {
 public:
@@ -63,11 +89,14 @@ protected:
     // Sends a request to the job's sandbox, not recorded in its history.
     void send(Json request, std::function<void(Json&&)> on_answer);
     SandboxManager& manager() { return manager_; }
+    // What a run, or all the cells of a request together, keep of each output stream.
+    uint64_t output_max() const { return manager_.config().fusion_output_max; }
 
 private:
     void make_dirs();
     void write_files();
     void fetch_next(size_t index, const char* status);
+    void read_next(size_t index, const char* status);
     void respond(const char* status, const std::string& message);
 
     SandboxManager& manager_;
@@ -79,6 +108,7 @@ private:
     std::string sandbox_id_;
     std::string write_failed_;
     std::map<std::string, std::string> fetched_;
+    FetchBudget fetch_budget_;
     bool answered_ = false;
 };
 

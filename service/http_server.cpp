@@ -5,10 +5,12 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
+#include <strings.h>
 #include <unistd.h>
 
 #include <microhttpd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -18,6 +20,7 @@
 #include <spdlog/spdlog.h>
 
 #include "common/error.hpp"
+#include "service/local_client.hpp"
 
 namespace agentvm {
 
@@ -28,6 +31,12 @@ constexpr size_t stream_compact_bytes = 256 * 1024;
 // What MHD keeps per connection (request headers included): a header block larger than this
 // is refused with 431 by MHD. 16 KiB halves the default's memory per idle connection.
 constexpr size_t connection_memory = 16 * 1024;
+// How often connections are checked against their header deadline.
+constexpr auto deadline_sweep_period = std::chrono::seconds(1);
+// A streamed body answered before it ended (an upload whose sandbox ended) is read and
+// dropped up to this much, so that its answer can be sent once it is whole (MHD queues an
+// answer only before the body or after it); a longer rest closes the connection instead.
+constexpr uint64_t max_body_dropped = uint64_t{64} << 20;
 
 // Compares without an early exit, so the time taken says nothing of where a guess went wrong.
 bool same_secret(std::string_view a, std::string_view b)
@@ -38,6 +47,18 @@ bool same_secret(std::string_view a, std::string_view b)
     return diff == 0;
 }
 
+// Runs handler code where MHD called us: an exception it lets out fails this request alone.
+// Thrown on through MHD's C frames to the loop, it would end serve and every sandbox with it.
+template <typename Code>
+void guarded(HttpExchange& exchange, Code&& code)
+{
+    try {
+        code();
+    } catch (const std::exception& e) {
+        exchange.fail(e);
+    }
+}
+
 } // namespace
 
 struct HttpServer::Daemon {
@@ -45,6 +66,13 @@ struct HttpServer::Daemon {
     int epoll_fd = -1;
     std::optional<LoopTimer> timer;
     bool accepting = true;
+};
+
+struct HttpServer::Connection {
+    int fd = -1;
+    // When the next request's headers must be whole; none while a request runs.
+    std::optional<std::chrono::steady_clock::time_point> headers_due;
+    bool cut = false;  // closed for missing its deadline (shut down; MHD closes it)
 };
 
 // MHD's callbacks, with the exact types it calls them with.
@@ -59,13 +87,15 @@ struct HttpCallbacks {
             : MHD_NO;
     }
 
-    static void completed(void* /*self*/, MHD_Connection* /*connection*/, void** context,
-                          MHD_RequestTerminationCode how)
+    static void completed(void* self, MHD_Connection* connection, void** context, MHD_RequestTerminationCode how)
     {
         auto* held = static_cast<std::shared_ptr<HttpExchange>*>(*context);
         if (!held)
             return;
         HttpExchange& exchange = **held;
+        if (HttpServer::Connection* tracked = HttpServer::connection_of(connection))
+            tracked->headers_due = std::chrono::steady_clock::now() + exchange.server_->options_.idle_timeout;
+        static_cast<HttpServer*>(self)->requests_.erase(&exchange);
         exchange.connection_ = nullptr;
         exchange.gone_ = true;
         const bool whole = how == MHD_REQUEST_TERMINATED_COMPLETED_OK;
@@ -75,8 +105,24 @@ struct HttpCallbacks {
         exchange.on_body_end_ = nullptr;
         delete held;
         *context = nullptr;
-        if (!whole && on_gone)
-            on_gone();
+        if (!whole && on_gone) {
+            try {
+                on_gone();
+            } catch (const std::exception& e) {
+                spdlog::error("http: after the client went away: {}", e.what());
+            }
+        }
+        static_cast<HttpServer*>(self)->request_finished();
+    }
+
+    static void notify_connection(void* self, MHD_Connection* connection, void** socket_context,
+                                  MHD_ConnectionNotificationCode what)
+    {
+        auto* server = static_cast<HttpServer*>(self);
+        if (what == MHD_CONNECTION_NOTIFY_STARTED)
+            server->connection_started(connection, socket_context);
+        else if (what == MHD_CONNECTION_NOTIFY_CLOSED)
+            server->connection_closed(socket_context);
     }
 
     static ssize_t read_stream(void* cls, uint64_t pos, char* buffer, size_t max)
@@ -130,6 +176,15 @@ void HttpExchange::respond_error(int status, const std::string& code, const std:
     answer_ = Answer{status, error.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n",
                      "application/json", retry_after_s, false};
     wake();
+}
+
+void HttpExchange::fail(const std::exception& error)
+{
+    spdlog::error("http: {} {}: {}", method_, path_, error.what());
+    if (answered_)
+        abort();
+    else
+        respond_error(500, "internal", error.what());
 }
 
 void HttpExchange::start_stream(int status, const char* content_type)
@@ -216,7 +271,7 @@ long HttpExchange::read_stream(uint64_t /*pos*/, char* buffer, size_t max)
     if (on_drained_ && buffered() < low_water_) {
         auto callback = std::move(on_drained_);
         on_drained_ = nullptr;
-        callback();
+        guarded(*this, callback);
     }
     return static_cast<long>(n);
 }
@@ -224,7 +279,15 @@ long HttpExchange::read_stream(uint64_t /*pos*/, char* buffer, size_t max)
 HttpServer::HttpServer(EventLoop& loop, std::vector<Fd> listeners, Options options, Handler handler)
     : loop_(loop), options_(std::move(options)), handler_(std::move(handler))
 {
+    deadline_timer_.emplace(loop_, [this] { sweep_deadlines(); });
+    // Each listener its share: a flood of connections on one leaves the others served.
+    const unsigned share =
+        std::max(1u, options_.max_connections / static_cast<unsigned>(std::max<size_t>(listeners.size(), 1)));
     for (Fd& listener : listeners) {
+        sockaddr_storage bound{};
+        socklen_t bound_length = sizeof bound;
+        const bool unix_socket = ::getsockname(listener.get(), reinterpret_cast<sockaddr*>(&bound), &bound_length) == 0
+                                 && bound.ss_family == AF_UNIX;
         auto daemon = std::make_unique<Daemon>();
         const int fd = listener.release();
         daemon->mhd = MHD_start_daemon(
@@ -233,7 +296,11 @@ HttpServer::HttpServer(EventLoop& loop, std::vector<Fd> listeners, Options optio
             MHD_OPTION_EXTERNAL_LOGGER, &HttpCallbacks::log, nullptr,  // first, or MHD logs to stderr
             MHD_OPTION_LISTEN_SOCKET, fd,
             MHD_OPTION_NOTIFY_COMPLETED, &HttpCallbacks::completed, this,
-            MHD_OPTION_CONNECTION_LIMIT, options_.max_connections,
+            MHD_OPTION_NOTIFY_CONNECTION, &HttpCallbacks::notify_connection, this,
+            MHD_OPTION_CONNECTION_LIMIT, share,
+            // MHD would let a Unix socket's clients through anyway (they have no address),
+            // but could mistake a bound client's path of the right length for one.
+            MHD_OPTION_PER_IP_CONNECTION_LIMIT, unix_socket ? 0u : options_.max_connections_per_address,
             MHD_OPTION_CONNECTION_TIMEOUT, static_cast<unsigned>(options_.idle_timeout.count()),
             MHD_OPTION_CONNECTION_MEMORY_LIMIT, connection_memory,
             MHD_OPTION_END);
@@ -253,11 +320,23 @@ HttpServer::HttpServer(EventLoop& loop, std::vector<Fd> listeners, Options optio
 
 HttpServer::~HttpServer()
 {
+    finished_ = nullptr;
+    // MHD_stop_daemon aborts the process if a connection is still suspended: every request
+    // waiting for its answer is resumed first, and closed unanswered with the rest.
+    for (HttpExchange* exchange : requests_) {
+        if (exchange->suspended_ && exchange->connection_) {
+            exchange->suspended_ = false;
+            MHD_resume_connection(exchange->connection_);
+        }
+    }
     for (auto& daemon : daemons_) {
         loop_.unwatch(daemon->epoll_fd);
-        daemon->timer.reset();
         MHD_stop_daemon(daemon->mhd);
     }
+    // After every daemon: a request closed by one may wake one of another's (run_soon).
+    for (auto& daemon : daemons_)
+        daemon->timer.reset();
+    deadline_timer_.reset();
 }
 
 void HttpServer::stop_accepting()
@@ -272,10 +351,82 @@ void HttpServer::stop_accepting()
     }
 }
 
+void HttpServer::finish_requests(std::function<void()> done)
+{
+    stop_accepting();
+    finished_ = std::move(done);
+    const std::vector<HttpExchange*> open(requests_.begin(), requests_.end());
+    for (HttpExchange* exchange : open) {
+        if (!exchange->answered_)
+            exchange->respond_error(503, "shutting_down", "serve is stopping");
+    }
+    request_finished();
+}
+
+void HttpServer::request_finished()
+{
+    if (!finished_ || !requests_.empty())
+        return;
+    auto done = std::move(finished_);
+    finished_ = nullptr;
+    done();
+}
+
 void HttpServer::run_soon()
 {
     for (auto& daemon : daemons_)
-        daemon->timer->arm(std::chrono::nanoseconds(1));
+        if (daemon->timer)
+            daemon->timer->arm(std::chrono::nanoseconds(1));
+}
+
+void HttpServer::connection_started(MHD_Connection* connection, void** socket_context)
+{
+    auto tracked = std::make_unique<Connection>();
+    const MHD_ConnectionInfo* info = MHD_get_connection_info(connection, MHD_CONNECTION_INFO_CONNECTION_FD);
+    tracked->fd = info ? info->connect_fd : -1;
+    tracked->headers_due = std::chrono::steady_clock::now() + options_.header_timeout;
+    if (connections_.empty())
+        deadline_timer_->arm(deadline_sweep_period);
+    connections_.insert(tracked.get());
+    *socket_context = tracked.release();
+}
+
+void HttpServer::connection_closed(void** socket_context)
+{
+    auto* tracked = static_cast<Connection*>(*socket_context);
+    if (!tracked)
+        return;
+    connections_.erase(tracked);
+    delete tracked;
+    *socket_context = nullptr;
+}
+
+HttpServer::Connection* HttpServer::connection_of(MHD_Connection* connection)
+{
+    const MHD_ConnectionInfo* info = MHD_get_connection_info(connection, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    return info ? static_cast<Connection*>(info->socket_context) : nullptr;
+}
+
+void HttpServer::sweep_deadlines()
+{
+    // MHD's own timeout is reset by every byte, so a client that trickles its headers a byte
+    // at a time would hold its connection (and a descriptor) for ever: this deadline is not.
+    // The socket is shut down rather than closed: MHD owns it, sees the end and closes it.
+    const auto now = std::chrono::steady_clock::now();
+    size_t cut = 0;
+    for (Connection* tracked : connections_) {
+        if (tracked->cut || !tracked->headers_due || now < *tracked->headers_due || tracked->fd < 0)
+            continue;
+        tracked->cut = true;
+        ::shutdown(tracked->fd, SHUT_RDWR);
+        ++cut;
+    }
+    if (cut > 0) {
+        spdlog::debug("http: closed {} connection(s) whose request headers were not whole in time", cut);
+        run_soon();
+    }
+    if (!connections_.empty())
+        deadline_timer_->arm(deadline_sweep_period);
 }
 
 void HttpServer::run_daemon(Daemon& daemon)
@@ -306,6 +457,20 @@ bool HttpServer::authorized(MHD_Connection* connection) const
     return ok;
 }
 
+bool HttpServer::local_client(MHD_Connection* connection) const
+{
+    if (options_.token)
+        return true;
+    const char* origin = MHD_lookup_connection_value(connection, MHD_HEADER_KIND, MHD_HTTP_HEADER_ORIGIN);
+    if (origin && !is_loopback_origin(origin))
+        return false;
+    const MHD_ConnectionInfo* info = MHD_get_connection_info(connection, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+    if (info && info->client_addr && info->client_addr->sa_family == AF_UNIX)
+        return true;
+    const char* host = MHD_lookup_connection_value(connection, MHD_HEADER_KIND, MHD_HTTP_HEADER_HOST);
+    return host && is_loopback_host(host);
+}
+
 bool HttpServer::handle(MHD_Connection* connection, const char* url, const char* method, const char* upload_data,
                         size_t* upload_data_size, void** context)
 {
@@ -314,6 +479,9 @@ bool HttpServer::handle(MHD_Connection* connection, const char* url, const char*
         held = new std::shared_ptr<HttpExchange>(new HttpExchange(*this, connection, method, url));
         *context = held;
         HttpExchange& exchange = **held;
+        requests_.insert(&exchange);
+        if (Connection* tracked = connection_of(connection))
+            tracked->headers_due.reset();  // the headers are whole
         exchange.body_streams_ = options_.streams_body && options_.streams_body(exchange.method_, exchange.path_);
         exchange.max_body_ = options_.max_body;
         if (options_.larger_body)
@@ -322,6 +490,18 @@ bool HttpServer::handle(MHD_Connection* connection, const char* url, const char*
             exchange.respond_error(401, "unauthorized",
                                    "a valid token is required: 'Authorization: Bearer TOKEN', or TOKEN as the "
                                    "password of HTTP Basic auth");
+        } else if (!local_client(connection)) {
+            exchange.respond_error(403, "forbidden",
+                                   "without a token serve takes requests from this host's own clients only: the "
+                                   "Host must name a loopback address, and an Origin must be a loopback one");
+        } else if (const char* coding = MHD_lookup_connection_value(connection, MHD_HEADER_KIND,
+                                                                    MHD_HTTP_HEADER_TRANSFER_ENCODING);
+                   coding && ::strcasecmp(coding, "chunked") != 0) {
+            // MHD reads any other coding's body until the client closes, so the request
+            // would never end while the client waits for its answer (RFC 9112 6.1: 501).
+            exchange.respond_error(501, "unsupported_transfer_encoding",
+                                   fmt::format("Transfer-Encoding '{:.64}' is not supported: send the body with a "
+                                               "Content-Length or chunked", coding));
         } else if (const char* length = MHD_lookup_connection_value(connection, MHD_HEADER_KIND,
                                                                     MHD_HTTP_HEADER_CONTENT_LENGTH)) {
             errno = 0;
@@ -355,7 +535,7 @@ bool HttpServer::handle(MHD_Connection* connection, const char* url, const char*
         *upload_data_size = 0;
         return true;
     }
-    if (!exchange.dispatched_) {
+    if (!exchange.dispatched_ && !exchange.answer_) {  // answered already: serve is stopping
         exchange.dispatched_ = true;
         if (exchange.body_too_large_) {
             exchange.respond_error(413, "body_too_large",
@@ -370,12 +550,7 @@ bool HttpServer::handle(MHD_Connection* connection, const char* url, const char*
 void HttpServer::dispatch(const std::shared_ptr<HttpExchange>& exchange)
 {
     exchange->dispatched_ = true;
-    try {
-        handler_(exchange);
-    } catch (const std::exception& e) {
-        spdlog::error("http: {} {}: {}", exchange->method_, exchange->path_, e.what());
-        exchange->respond_error(500, "internal", e.what());
-    }
+    guarded(*exchange, [&] { handler_(exchange); });
 }
 
 bool HttpServer::answer_or_wait(HttpExchange& exchange)
@@ -392,10 +567,15 @@ bool HttpServer::answer_or_wait(HttpExchange& exchange)
 
 bool HttpServer::take_streamed_body(HttpExchange& exchange, const char* data, size_t* size)
 {
-    if (exchange.answer_) {
-        // Answered before the body ended (an error): the rest is not wanted, and MHD closes
-        // the connection after the answer.
-        *size = 0;
+    if (exchange.answer_ && !exchange.queued_) {
+        // Answered before the body ended (an error, or the sandbox ended): the rest is not
+        // wanted. MHD takes an answer only once the body is whole, so up to max_body_dropped
+        // of it is read and dropped first; past that the connection is closed unanswered.
+        if (*size > 0) {
+            exchange.body_dropped_ += *size;
+            *size = 0;
+            return exchange.body_dropped_ <= max_body_dropped;
+        }
         return queue(exchange);
     }
     if (*size > 0) {
@@ -408,17 +588,17 @@ bool HttpServer::take_streamed_body(HttpExchange& exchange, const char* data, si
         const std::string_view piece(data, *size);
         *size = 0;
         if (exchange.on_body_piece_)
-            exchange.on_body_piece_(piece);
+            guarded(exchange, [&] { exchange.on_body_piece_(piece); });
         if (exchange.body_paused_ && !exchange.answer_) {
             exchange.suspended_ = true;
             MHD_suspend_connection(exchange.connection_);
         }
-        return exchange.answer_ ? queue(exchange) : true;
+        return true;  // answered meanwhile: queued once the body is whole (above)
     }
     if (!exchange.body_ended_) {
         exchange.body_ended_ = true;
         if (exchange.on_body_end_)
-            exchange.on_body_end_();
+            guarded(exchange, exchange.on_body_end_);
     }
     return answer_or_wait(exchange);
 }

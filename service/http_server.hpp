@@ -10,14 +10,28 @@
 // once or later (the connection waits, suspended, costing no thread), with a whole body or a
 // stream written piece by piece with backpressure. Every request is authenticated first when
 // a token is set: "Authorization: Bearer TOKEN", or TOKEN as the password of Basic auth (any
-// user name), else 401 with a JSON error.
+// user name), else 401 with a JSON error. Without a token, a request must come from this
+// host's own clients (local_client.hpp says why): an Origin header, if any, must be a
+// loopback origin, and on TCP the Host must name a loopback address, else 403 (a Unix
+// socket, which no browser reaches, needs no Host). Both checks live here, beside the token's,
+// so that no handler ever sees a request they refuse.
+//
+// Connections are bounded (Options): in number, per listener and per client address, and in
+// time, a request's headers being due header_timeout after the connection was accepted
+// however slowly they trickle in. A request left waiting when serve stops is answered
+// (finish_requests), and none is left suspended when MHD is stopped, which MHD would abort on.
+//
+// The handler's code runs inside MHD's callbacks (dispatch, body pieces, drained streams): an
+// exception it lets out fails that request alone (HttpExchange::fail), never the loop.
 #pragma once
 
 #include <chrono>
 #include <cstddef>
+#include <exception>
 #include <functional>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -69,6 +83,10 @@ public:
     // so the client sees the body is incomplete.
     void abort();
 
+    // Ends the request after a failure of serve's own, logged: 500 "internal" when nothing
+    // was answered yet, else the stream is cut (abort).
+    void fail(const std::exception& error);
+
     bool answered() const { return answered_; }
     bool gone() const { return gone_; }
     // Runs once when the client goes away before the answer was sent whole.
@@ -102,6 +120,7 @@ private:
     bool body_streams_ = false;
     bool body_paused_ = false;
     bool body_ended_ = false;
+    uint64_t body_dropped_ = 0;  // streamed body that came after the answer, read and dropped
     std::function<void(std::string_view)> on_body_piece_;
     std::function<void()> on_body_end_;
     bool dispatched_ = false;
@@ -129,10 +148,21 @@ public:
         size_t max_body = size_t{1} << 20;
         // A larger limit for some requests (SandboxFusion's /run_code carries files in JSON).
         std::function<std::optional<size_t>(std::string_view method, std::string_view path)> larger_body;
-        unsigned max_connections = 4096;
+        // Connections open at once, over all listeners (each listener gets its share, so a
+        // flood on one leaves the others served); past it a new one is closed at once.
+        // serve sizes it from its descriptor limit (serve.cpp, connection_budget).
+        unsigned max_connections = 1024;
+        // Connections open at once from one IP address on a TCP listener (0: no limit). A
+        // Unix socket's clients have no address: MHD lets them through whatever this says.
+        unsigned max_connections_per_address = 0;
         // A connection that sends or takes nothing for this long is closed (while its
         // request waits for a suspended answer, it is not counted).
         std::chrono::seconds idle_timeout{60};
+        // A request's headers must be whole this long after the connection was accepted,
+        // however slowly they trickle in (the idle timeout is reset by every byte). On a
+        // kept-alive connection the next request's headers must be whole idle_timeout after
+        // the previous answer.
+        std::chrono::seconds header_timeout{10};
         // Requests whose body is handed over as it arrives (no max_body), not whole.
         std::function<bool(std::string_view method, std::string_view path)> streams_body;
     };
@@ -146,6 +176,11 @@ public:
 
     // Stops accepting connections; requests already running go on.
     void stop_accepting();
+    // serve is stopping and its VMs have ended: stops accepting, answers every request still
+    // unanswered with 503 "shutting_down" and runs `done` once every request has finished
+    // (its answer sent, or its client gone). What is still open when the server is
+    // destroyed is closed then.
+    void finish_requests(std::function<void()> done);
 
 private:
     friend class HttpExchange;
@@ -157,9 +192,17 @@ private:
     friend struct HttpCallbacks;
 
     void run_daemon(Daemon& daemon);
+    // Connection tracking, for the header deadline (MHD_OPTION_NOTIFY_CONNECTION).
+    struct Connection;
+    void connection_started(MHD_Connection* connection, void** socket_context);
+    void connection_closed(void** socket_context);
+    static Connection* connection_of(MHD_Connection* connection);
+    void sweep_deadlines();
+    void request_finished();
     bool handle(MHD_Connection* connection, const char* url, const char* method, const char* upload_data,
                size_t* upload_data_size, void** context);
     bool authorized(MHD_Connection* connection) const;
+    bool local_client(MHD_Connection* connection) const;
     bool queue(HttpExchange& exchange);
     void dispatch(const std::shared_ptr<HttpExchange>& exchange);
     bool answer_or_wait(HttpExchange& exchange);
@@ -169,6 +212,12 @@ private:
     Options options_;
     Handler handler_;
     std::vector<std::unique_ptr<Daemon>> daemons_;
+    // Every open connection, and every request MHD has not finished yet (suspended ones
+    // included: MHD_stop_daemon aborts the process if one is left suspended).
+    std::set<Connection*> connections_;
+    std::set<HttpExchange*> requests_;
+    std::optional<LoopTimer> deadline_timer_;
+    std::function<void()> finished_;  // finish_requests' done, until requests_ is empty
 };
 
 // A Unix socket listening at `path` with mode 0600 (a stale socket file there is replaced).

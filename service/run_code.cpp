@@ -58,10 +58,10 @@ FusionRequest parse_run_code_request(const std::string& text)
     return request;
 }
 
-Json command_result(const Json& answer)
+Json command_result(const Json& answer, uint64_t max_output)
 {
-    const std::string out = output_of(answer, "stdout");
-    const std::string err = output_of(answer, "stderr");
+    const std::string out = output_of(answer, "stdout", max_output);
+    const std::string err = output_of(answer, "stderr", max_output);
     const bool timed_out = answer.value("timed_out", false);
     Json code = nullptr;
     if (!timed_out) {
@@ -103,7 +103,11 @@ private:
         }
         for (const std::string& word : language.command)
             argv.push_back(word);
-        Json run{{"op", "exec"}, {"argv", argv}, {"cwd", fusion_work_dir}, {"timeout", request_.run_timeout}};
+        Json run{{"op", "exec"},
+                 {"argv", argv},
+                 {"cwd", fusion_work_dir},
+                 {"timeout", request_.run_timeout},
+                 {"max_output", output_max()}};
         if (request_.stdin_text)
             put_bytes(run, "stdin", *request_.stdin_text);
         const auto started = Sandbox::Clock::now();
@@ -124,7 +128,7 @@ private:
                                {"stdout", ""}, {"stderr", message}};
             return sandbox_error(message);
         }
-        run_result_ = command_result(answer);
+        run_result_ = command_result(answer, output_max());
         const bool success = run_result_["status"] == "Finished" && run_result_["return_code"] == 0;
         done(success ? "Success" : "Failed");
     }

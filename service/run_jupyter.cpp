@@ -55,22 +55,37 @@ Json traceback_lines(const std::string& text)
     return lines;
 }
 
-Json cell_result(const Json& answer)
+// A string field of `object`, at most `max_bytes` of it ("" when it is not a string).
+std::string text_of(const Json& object, const char* name, size_t max_bytes)
 {
-    const std::string out = output_of(answer, "stdout");
-    const std::string err = output_of(answer, "stderr");
+    const auto it = object.find(name);
+    if (it == object.end() || !it->is_string())
+        return "";
+    return it->get_ref<const std::string&>().substr(0, max_bytes);
+}
+
+} // namespace
+
+Json jupyter_cell_result(const Json& answer, uint64_t max_output)
+{
+    const std::string out = output_of(answer, "stdout", max_output);
+    const std::string err = output_of(answer, "stderr", max_output);
     Json display = Json::array();
     if (answer.contains("result") && answer["result"].is_string())
-        display.push_back(Json{{"text/plain", answer["result"]}});
+        display.push_back(
+            Json{{"text/plain", text_of(answer, "result", std::min<uint64_t>(max_output, jupyter_result_kept))}});
     Json error = Json::array();
     if (const auto it = answer.find("exception"); it != answer.end() && it->is_object()) {
-        const std::string traceback = it->value("traceback", Json(nullptr)).is_string() ? (*it)["traceback"].get<std::string>() : "";
-        error.push_back(Json{{"ename", it->value("type", "")},
-                             {"evalue", it->value("message", "")},
+        const std::string type = text_of(*it, "type", jupyter_exception_text_kept);
+        const std::string traceback = text_of(*it, "traceback", jupyter_exception_text_kept);
+        error.push_back(Json{{"ename", type},
+                             {"evalue", text_of(*it, "message", jupyter_exception_text_kept)},
                              {"traceback", traceback_lines(traceback)}});
     }
     return Json{{"stdout", out}, {"stderr", err}, {"display", std::move(display)}, {"error", std::move(error)}};
 }
+
+namespace {
 
 class RunJupyterJob final : public FusionJob {
 public:
@@ -83,6 +98,7 @@ private:
     void run() override
     {
         started_ = Sandbox::Clock::now();
+        output_left_ = output_max();
         // The cells' working directory is the one their files are in, as in SandboxFusion.
         auto self = std::static_pointer_cast<RunJupyterJob>(shared_from_this());
         send(Json{{"op", "run_code"}, {"code", fmt::format("import os\nos.chdir('{}')", fusion_work_dir)}},
@@ -108,13 +124,22 @@ private:
         const double timeout = request_.cell_timeout > 0 ? std::min(request_.cell_timeout, left) : left;
         auto self = std::static_pointer_cast<RunJupyterJob>(shared_from_this());
         const auto cell_started = Sandbox::Clock::now();
-        send(Json{{"op", "run_code"}, {"code", request_.cells[index]}, {"timeout", timeout}},
-             [self, index, cell_started](Json&& answer) {
+        // Each cell may keep what the cells before it left of the request's output.
+        const uint64_t max_output = output_left_;
+        send(Json{{"op", "run_code"}, {"code", request_.cells[index]}, {"timeout", timeout}, {"max_output", max_output}},
+             [self, index, cell_started, max_output](Json&& answer) {
                  self->manager().count_call(
                      answer, std::chrono::duration<double>(Sandbox::Clock::now() - cell_started).count());
                  if (answer.contains("error"))
                      return self->sandbox_error(answer["error"].value("message", ""));
-                 self->cells_.push_back(cell_result(answer));
+                 Json cell = jupyter_cell_result(answer, max_output);
+                 const Json& display = cell["display"];
+                 const uint64_t kept =
+                     std::max(cell["stdout"].get_ref<const std::string&>().size(),
+                              cell["stderr"].get_ref<const std::string&>().size())
+                     + (display.empty() ? 0 : display[0]["text/plain"].get_ref<const std::string&>().size());
+                 self->output_left_ -= std::min(self->output_left_, kept);
+                 self->cells_.push_back(std::move(cell));
                  if (answer.value("timed_out", false))
                      return self->finish("TimeLimitExceeded", "Failed");
                  if (!answer["exception"].is_null())
@@ -143,6 +168,7 @@ private:
     Sandbox::Clock::time_point started_{};
     Json driver_ = nullptr;
     Json cells_ = Json::array();
+    uint64_t output_left_ = 0;
 };
 
 } // namespace

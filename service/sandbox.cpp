@@ -96,6 +96,12 @@ std::optional<std::string> Sandbox::expired(Clock::time_point now) const
 uint64_t Sandbox::call(Json request, std::optional<Json> summary, CallHandlers handlers)
 {
     const std::string op = request.value("op", "");
+    // A call may ask for no more output than serve takes in one line (EpisodeProcess): a
+    // larger max_output is lowered to it, and the answer says what was cut (_truncated).
+    if ((op == "exec" || op == "shell" || op == "run_code") && request.contains("max_output")
+        && request["max_output"].is_number_unsigned()
+        && request["max_output"].get<uint64_t>() > EpisodeProcess::max_output_limit)
+        request["max_output"] = EpisodeProcess::max_output_limit;
     if (op == "exec" && !settings_.env.empty()) {
         Json env = Json::object();
         for (const auto& [name, value] : settings_.env)
@@ -160,13 +166,18 @@ void Sandbox::on_line(std::string&& line)
     line.clear();
     line.shrink_to_fit();
     if (!message.is_object() || !message.contains("id") || !message["id"].is_number_unsigned()) {
-        spdlog::warn("sandbox {}: a line about no call of ours: {:.200}", settings_.id, message.dump());
+        // Dumped only when logged: the line may be hundreds of MiB.
+        uint64_t suppressed = 0;
+        if (stray_lines_.allow(&suppressed))
+            spdlog::warn("sandbox {}: a line about no call of ours: {:.200}{}", settings_.id,
+                         message.dump(-1, ' ', false, Json::error_handler_t::replace),
+                         suppressed ? fmt::format(" ({} similar warnings suppressed)", suppressed) : "");
         return;
     }
     const uint64_t id = message["id"].get<uint64_t>();
     auto it = calls_.find(id);
     if (it == calls_.end()) {
-        spdlog::warn("sandbox {}: a line about call {}, which is not running", settings_.id, id);
+        guest_warn(stray_lines_, "sandbox {}: a line about call {}, which is not running", settings_.id, id);
         return;
     }
     message.erase("id");

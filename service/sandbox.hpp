@@ -18,6 +18,7 @@
 
 #include "protocol/agent_protocol.hpp"
 
+#include "common/warn_limiter.hpp"
 #include "core/event_loop.hpp"
 #include "service/call_history.hpp"
 #include "service/episode_process.hpp"
@@ -130,6 +131,9 @@ private:
     std::string stop_reason_;
     Clock::time_point stop_requested_{};
     std::string broken_reason_;
+    // The episode's lines about no running call: the guest's to send at will, so their
+    // warnings are rate-limited.
+    WarnLimiter stray_lines_;
     Clock::time_point started_ = Clock::now();
     Clock::time_point assigned_at_{};
     std::chrono::system_clock::time_point assigned_wall_{};

@@ -297,6 +297,7 @@ void SandboxManager::on_exit(Sandbox& sandbox, const std::string& why)
         }
     }
     std::erase(pool.warm, &sandbox);
+    prune_restore_pool(pool);
     if (sandbox.assigned()) {
         if (auto it = by_id_.find(sandbox.id()); it != by_id_.end()) {
             // Not removed by anyone: the VM died under its user.
@@ -445,6 +446,16 @@ SandboxManager::Pool& SandboxManager::restore_pool(const std::string& snapshot, 
     return pool;
 }
 
+void SandboxManager::prune_restore_pool(Pool& pool)
+{
+    // One per snapshot ever forked from or resumed: kept only while a VM of it runs, or
+    // serve's memory would grow with every fork and resume.
+    for (const auto& [pointer, vm] : vms_)
+        if (vm.pool == &pool)
+            return;
+    std::erase_if(restore_pools_, [&pool](const auto& entry) { return &entry.second == &pool; });
+}
+
 std::optional<Refusal> SandboxManager::admit_restores(unsigned count)
 {
     if (!store_)
@@ -556,6 +567,7 @@ void SandboxManager::fork(Sandbox& parent, unsigned count, ForkDone done)
             };
         }
         store_->release(path);
+        prune_restore_pool(pool);
         if (batch->waiting == 0) {
             std::vector<Sandbox*> none;
             batch->done(none, &*batch->refusal);
@@ -635,9 +647,11 @@ void SandboxManager::resume(const std::string& id, CreateDone done)
     if (auto refusal = admit_restores(1))
         return done(nullptr, &*refusal);
     Vm* vm = nullptr;
+    Pool& pool = restore_pool(record->snapshot, record->pool);
     try {
-        vm = &start_vm(restore_pool(record->snapshot, record->pool), false);
+        vm = &start_vm(pool, false);
     } catch (const Error& e) {
+        prune_restore_pool(pool);
         const Refusal refusal{500, "start_failed", e.what(), std::nullopt};
         return done(nullptr, &refusal);
     }
@@ -653,6 +667,15 @@ void SandboxManager::resume(const std::string& id, CreateDone done)
     resuming_.insert(id);
     vm->waiting = [this, id, done = std::move(done)](Sandbox* sandbox, const Refusal* refusal) {
         resuming_.erase(id);
+        if (sandbox && deleted_while_resuming_.erase(id) > 0) {
+            // Its DELETE was answered "deleted" (remove_paused): it must not run on.
+            by_id_.erase(id);
+            sandbox->stop("deleted");
+            const Refusal deleted{409, "ended", fmt::format("sandbox {} was deleted while it was being resumed", id),
+                                  std::nullopt};
+            return done(nullptr, &deleted);
+        }
+        deleted_while_resuming_.erase(id);
         if (sandbox) {
             store_->remove_paused(id);
             ended_.erase(id);
@@ -683,6 +706,9 @@ void SandboxManager::remove_paused(const std::string& id, const std::string& rea
 {
     if (!store_ || !store_->paused().contains(id))
         return;
+    // A resume under way ends its VM when it is ready (resume's waiting).
+    if (resuming_.contains(id))
+        deleted_while_resuming_.insert(id);
     store_->remove_paused(id);
     remember_end(id, reason);
 }

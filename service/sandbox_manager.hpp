@@ -45,6 +45,12 @@ struct ManagerConfig {
     // pause or resume.
     std::string state_dir;
     std::chrono::seconds paused_retention{7 * 86400};
+    // SandboxFusion's /run_code and /run_jupyter (service/fusion_job.hpp), whose answers serve
+    // builds whole: the bytes of fetch_files one request brings back, all files together
+    // (--fusion-fetch-max), and what one run, or all the cells of one request together, keep
+    // of each output stream (--fusion-output-max).
+    uint64_t fusion_fetch_max = uint64_t{64} << 20;
+    uint64_t fusion_output_max = uint64_t{16} << 20;
 };
 
 inline constexpr unsigned max_fork_count = 64;
@@ -86,6 +92,9 @@ public:
     static Json describe_paused(const PausedSandbox& paused);
     // The pool a create without one uses: the only pool, or "default".
     std::string default_pool() const;
+    const ManagerConfig& config() const { return config_; }
+    // The pools of VMs restored from live snapshots (fork, resume) still in use.
+    size_t restore_pools() const { return restore_pools_.size(); }
 
     // Holders keep a weak_ptr: a sandbox lives until its VM has ended.
     std::shared_ptr<Sandbox> find(const std::string& id);
@@ -143,6 +152,8 @@ private:
     std::string new_id() const;
     // A pool without a target, for VMs restored from a live snapshot (fork and resume).
     Pool& restore_pool(const std::string& snapshot, const std::string& name);
+    // Forgets a restore pool once no VM of it is left.
+    void prune_restore_pool(Pool& pool);
     std::optional<Refusal> admit_restores(unsigned count);
     // Asks the sandbox's episode for a live snapshot; `done` gets its path (adopted by
     // store_) or why not.
@@ -155,6 +166,7 @@ private:
     std::map<std::string, Pool> restore_pools_;  // by snapshot path
     std::optional<SnapshotStore> store_;
     std::set<std::string> resuming_;
+    std::set<std::string> deleted_while_resuming_;  // of resuming_: DELETEd meanwhile
     std::map<Sandbox*, Vm> vms_;
     std::map<std::string, Sandbox*> by_id_;
     std::map<std::string, std::string> ended_;

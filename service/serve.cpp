@@ -1,6 +1,7 @@
 #include "service/serve.hpp"
 
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/signalfd.h>
 #include <unistd.h>
 
@@ -8,6 +9,7 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <charconv>
 #include <filesystem>
 #include <string>
@@ -18,6 +20,7 @@
 #include "common/error.hpp"
 #include "common/fd.hpp"
 #include "core/event_loop.hpp"
+#include "core/loop_timer.hpp"
 #include "service/api.hpp"
 #include "service/http_server.hpp"
 #include "templates/template_store.hpp"
@@ -73,6 +76,50 @@ struct SocketFiles {
     }
 };
 
+// Descriptors serve holds besides its connections and its VMs: the listeners, the event
+// loop's ring and eventfd, MHD's epoll fd and ITC per listener, the timers, the signalfd, the
+// log, the state directory's lock, and a file or two being read, with room to spare.
+constexpr rlim_t fixed_fds = 64;
+// Each VM costs serve 4 while it runs (EpisodeProcess: its pidfd and its stdin, stdout and
+// stderr pipes), 3 more while it starts (the child's ends of those pipes), and a snapshot's
+// files while one is taken or read: 8 leaves room for all of them.
+constexpr rlim_t fds_per_vm = 8;
+// Connections at most, whatever the descriptor limit: at MHD's 16 KiB each, 128 MiB.
+constexpr rlim_t max_connections_cap = 8192;
+// A client address gets at most this share of its listener's connections.
+constexpr unsigned per_address_share = 4;
+// How long requests still open when serve stops get to take their answers.
+constexpr auto finish_patience = std::chrono::seconds(2);
+
+// Raises the soft descriptor limit as far as serve can use it (a default soft limit of 1024
+// would run out long before MHD's connection limit) and returns how many connections fit
+// beside every VM --max-sandboxes allows, so that no flood of clients can leave serve without
+// a descriptor for a VM's pipes, a snapshot or /proc/meminfo.
+unsigned connection_budget(unsigned max_sandboxes)
+{
+    const rlim_t reserve = fixed_fds + fds_per_vm * max_sandboxes;
+    rlimit limit{};
+    if (::getrlimit(RLIMIT_NOFILE, &limit) != 0)
+        throw_errno("getrlimit(RLIMIT_NOFILE)");
+    const rlim_t wanted = reserve + max_connections_cap;
+    if (limit.rlim_cur != RLIM_INFINITY && limit.rlim_cur < wanted) {
+        rlimit raised = limit;
+        raised.rlim_cur = limit.rlim_max == RLIM_INFINITY ? wanted : std::min(wanted, limit.rlim_max);
+        if (raised.rlim_cur > limit.rlim_cur && ::setrlimit(RLIMIT_NOFILE, &raised) == 0)
+            limit = raised;
+    }
+    const rlim_t soft = limit.rlim_cur == RLIM_INFINITY ? wanted : limit.rlim_cur;
+    if (soft < reserve + 64) {
+        const rlim_t fallback = std::max<rlim_t>(16, soft / 4);
+        spdlog::warn("the descriptor limit is {} (hard limit {}): {} VMs (--max-sandboxes) need {} of them, which "
+                     "leaves too few for clients; taking {} connections at most. Raise the limit (ulimit -n, "
+                     "LimitNOFILE=) or lower --max-sandboxes",
+                     soft, limit.rlim_max, max_sandboxes, reserve, fallback);
+        return static_cast<unsigned>(fallback);
+    }
+    return static_cast<unsigned>(std::min(soft - reserve, max_connections_cap));
+}
+
 } // namespace
 
 int run_serve(const ServeConfig& config)
@@ -100,18 +147,38 @@ int run_serve(const ServeConfig& config)
     ServiceApi api(manager);
     HttpServer::Options options;
     options.token = config.token;
+    options.max_connections = connection_budget(config.sandboxes.max_sandboxes);
+    const unsigned listener_share = std::max(1u, options.max_connections / static_cast<unsigned>(listeners.size()));
+    options.max_connections_per_address = std::max(1u, listener_share / per_address_share);
     options.streams_body = &ServiceApi::streams_body;
     options.larger_body = &ServiceApi::larger_body;
     HttpServer server(loop, std::move(listeners), options,
                       [&api](const std::shared_ptr<HttpExchange>& exchange) { api.handle(exchange); });
     int stop_signal = 0;
+    bool stopping_now = false;
+    // A VM that outlives even its SIGKILL (Sandbox::stop_patience) does not hold serve up.
+    LoopTimer give_up(loop, [&loop] {
+        spdlog::error("VMs are still ending long after they were told to: stopping without them");
+        loop.stop();
+    });
     loop.watch_readable(signals.get(), [&] {
         signalfd_siginfo info{};
         if (::read(signals.get(), &info, sizeof info) != sizeof info)
             return;
         if (stop_signal != 0) {
+            if (stopping_now) {
+                spdlog::warn("{} again: stopping without waiting for the VMs",
+                             strsignal(static_cast<int>(info.ssi_signo)));
+                loop.stop();
+                return;
+            }
+            // Every VM is stopped now rather than after the grace; their calls are answered
+            // (stopped, vm_died) as they end, and serve ends once the last has.
+            stopping_now = true;
             spdlog::warn("{} again: stopping every VM now", strsignal(static_cast<int>(info.ssi_signo)));
-            loop.stop();
+            server.stop_accepting();
+            manager.drain(std::chrono::milliseconds(0), [&loop] { loop.stop(); });
+            give_up.arm(Sandbox::stop_patience + std::chrono::seconds(5));
             return;
         }
         stop_signal = static_cast<int>(info.ssi_signo);
@@ -122,7 +189,25 @@ int run_serve(const ServeConfig& config)
     });
     for (const ListenSpec& spec : config.listen)
         spdlog::info("serving on {}{}", spec.text(), config.token ? " (token required)" : "");
+    spdlog::info("connections: at most {} per listener, {} per client address on TCP; request headers due within "
+                 "{} s",
+                 listener_share, options.max_connections_per_address, options.header_timeout.count());
     loop.run();
+    // The VMs have ended, so every call has its answer: each request still open gets its
+    // own (503 for one that had none) before the HTTP server goes, and a little time to take it.
+    bool lingering = false;
+    bool finished = false;
+    server.finish_requests([&] {
+        finished = true;
+        if (lingering)
+            loop.stop();
+    });
+    if (!finished) {
+        lingering = true;
+        LoopTimer linger(loop, [&loop] { loop.stop(); });
+        linger.arm(finish_patience);
+        loop.run();
+    }
     loop.unwatch(signals.get());
     spdlog::info("stopped by {}", strsignal(stop_signal));
     return 0;

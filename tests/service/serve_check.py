@@ -553,6 +553,44 @@ def run_jupyter():
            "cell_timeout interrupts, files in and out, bad requests 400, every sandbox deleted"
 
 
+def fusion_limits():
+    """What /run_code and /run_jupyter bring back is bounded whatever the code under test leaves
+    (serve builds each answer whole): a link to /dev/zero, a FIFO and a sparse file of 16 GiB
+    among fetch_files are refused (SandboxError) before a byte is read, files together past
+    --fusion-fetch-max (64 MiB) are a SandboxError, and the cells of /run_jupyter keep at most
+    --fusion-output-max (16 MiB) of each stream together."""
+    def run(path, **body):
+        r = ok_json("POST", path, body)
+        STATE["run_code"] = STATE.get("run_code", 0) + 1
+        return r
+
+    seen = []
+    for setup, what in (("os.symlink('/dev/zero', 'out.bin')", "a link to /dev/zero"),
+                        ("os.mkfifo('out.bin')", "a FIFO"),
+                        ("open('out.bin', 'wb').truncate(16 << 30)", "a sparse file of 16 GiB")):
+        started = time.monotonic()
+        r = run("/run_code", code=f"import os\n{setup}", language="python", run_timeout=60,
+                fetch_files=["out.bin"])
+        took = time.monotonic() - started
+        expect(r["status"] == "SandboxError" and "out.bin" in r["message"] and r["files"] == {}
+               and r["run_result"]["return_code"] == 0, f"{what}: {r}")
+        seen.append(f"{what} refused in {took:.1f} s")
+    r = run("/run_code", code="head -c 41943040 /dev/urandom > a; cp a b", language="bash", run_timeout=60,
+            fetch_files=["a", "b"])
+    expect(r["status"] == "SandboxError" and "--fusion-fetch-max" in r["message"]
+           and r["message"].startswith("fetching b:"),
+           f"two files of 40 MiB: {r['status']} {r['message']!r}")
+    seen.append("two files of 40 MiB past the 64 MiB cap a SandboxError")
+    r = run("/run_jupyter", cells=["print('x' * (10 << 20), end='')"] * 3, total_timeout=300)
+    kept = [len(cell["stdout"]) for cell in r["cells"]]
+    expect(r["status"] == "Success" and kept == [10 << 20, 6 << 20, 0], f"cells' output: {r['status']} {kept}")
+    seen.append("3 cells of 10 MiB kept 10, 6 and 0 MiB")
+    health = ok_json("GET", "/healthz")
+    listed = ok_json("GET", "/v1/sandboxes")["sandboxes"]
+    expect(health == {"status": "ok"} and not listed, f"after: {health} {listed}")
+    return ", ".join(seen) + "; serve well, every sandbox deleted"
+
+
 def metrics_match():
     wait_pool_ready(POOL)
     m = metrics()
@@ -631,9 +669,9 @@ def kill9_leaves_nothing():
     return "kill -9: every episode and VMM died with serve, no temp file left; a restarted serve serves"
 
 
-def serve_footprint(pid):
+def serve_footprint(pid, state_dir=None):
     """What a leak would grow: serve's RSS (KiB) and open fds, agentvm processes, VM cgroups,
-    agentvm temp files."""
+    agentvm temp files, and the VMs' snapshot outboxes in its state directory."""
     with open(f"/proc/{pid}/status") as f:
         rss = next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
     parent = "/sys/fs/cgroup/agentvm"
@@ -641,7 +679,8 @@ def serve_footprint(pid):
     tmp = os.environ.get("TMPDIR", "/tmp")
     return {"rss_kib": rss, "fds": len(os.listdir(f"/proc/{pid}/fd")), "processes": len(episode_pids()),
             "cgroups": len([d for d in cgroups if d.startswith("vm-")]),
-            "temp_files": len([f for f in os.listdir(tmp) if f.startswith("agentvm") and "serve" not in f])}
+            "temp_files": len([f for f in os.listdir(tmp) if f.startswith("agentvm") and "serve" not in f]),
+            "outboxes": len(os.listdir(os.path.join(state_dir, "outbox"))) if state_dir else 0}
 
 
 def settled_footprint(serve, pool):
@@ -652,7 +691,7 @@ def settled_footprint(serve, pool):
         m = metrics(serve.sock)
         busy = metric(m, "agentvm_sandboxes", state="stopping") + metric(m, "agentvm_sandboxes", state="running")
         if busy == 0:
-            footprint = serve_footprint(serve.proc.pid)
+            footprint = serve_footprint(serve.proc.pid, serve.state_dir)
             if footprint["processes"] == 2 * pool:  # an episode and its VMM each
                 return footprint
         expect(time.monotonic() < deadline, f"VMs did not settle: {serve_footprint(serve.proc.pid)}")
@@ -662,7 +701,7 @@ def settled_footprint(serve, pool):
 def soak_no_leaks():
     # 1000 on hardware KVM; emulated, each VM start takes ~1 s, so fewer (any per-create leak
     # still shows as at least that many).
-    cycles = 200 if os.environ.get("AGENTVM_IN_TESTHOST") else 1000
+    cycles = 120 if os.environ.get("AGENTVM_IN_TESTHOST") else 1000
     warmup = 20
     sock = os.path.join(TMP, "soak.sock")
     serve = Serve(SERVE, "--listen", f"unix:{sock}", "--pool", "default=2", "--mem-reserve", "64")
@@ -680,7 +719,7 @@ def soak_no_leaks():
             delete(s["id"], sock=sock)
         after = settled_footprint(serve, 2)
         elapsed = time.monotonic() - start
-        for key in ("fds", "processes", "temp_files"):
+        for key in ("fds", "processes", "temp_files", "outboxes"):
             expect(after[key] == before[key], f"{key} changed over {cycles} creates: {before} -> {after}")
         # Fewer is no leak: groups that supervisors killed earlier left are removed as VMs start.
         expect(after["cgroups"] <= before["cgroups"], f"cgroups grew over {cycles} creates: {before} -> {after}")
@@ -690,7 +729,7 @@ def soak_no_leaks():
         code = serve.stop()
     expect(code == 0, f"serve exit {code}")
     return (f"{cycles} creates/deletes in {elapsed:.0f} s: fds {after['fds']}, processes {after['processes']}, "
-            f"cgroups {after['cgroups']}, temp files {after['temp_files']} as before; RSS "
+            f"cgroups {after['cgroups']}, temp files {after['temp_files']}, outboxes {after['outboxes']} as before; RSS "
             f"{before['rss_kib']} -> {after['rss_kib']} KiB")
 
 
@@ -853,6 +892,46 @@ def fork_pause_resume():
             expect(status in (404, 500, 502) and json_error(data) in ("not_found", "snapshot_failed", "vm_died"),
                    f"{action} of a sandbox whose VM died: {status} {data!r}")
         seen.append("fork and pause of a sandbox whose VM died refused")
+        # A fork whose client went away: nobody would learn its children's ids, so they go.
+        other = create(sock=sock)["id"]
+        gone = connect(sock)
+        gone.request("POST", f"/v1/sandboxes/{other}/fork", body=json.dumps({"count": 2}),
+                     headers={"Content-Type": "application/json"})
+        # Gone once the fork has started (its snapshot call is in the history), before the
+        # children are ready.
+        deadline = time.monotonic() + 60
+        while not any(c["request"].get("op") == "snapshot"
+                      for c in ok_json("GET", f"/v1/sandboxes/{other}/history", sock=sock)["calls"]):
+            expect(time.monotonic() < deadline, "the fork did not start")
+            time.sleep(0.02)
+        answered_first = bool(select.select([gone.sock], [], [], 0)[0])
+        gone.close()
+        if answered_first:
+            seen.append("a fork answered before its client could go away (nothing to check)")
+        else:
+            # Children of the fixed serve are deleted as they become ready, so they are never
+            # listed; an old serve's would be listed from then on.
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                listed = {x["id"] for x in ok_json("GET", "/v1/sandboxes", sock=sock)["sandboxes"]}
+                expect(listed == {pid, other}, f"a fork whose client went away left {listed - {pid, other}}")
+                time.sleep(0.5)
+            seen.append("a fork whose client went away left no children")
+        # A DELETE while the sandbox resumes: answered "deleted", so it must not run on.
+        ok_json("POST", f"/v1/sandboxes/{other}/pause", sock=sock)
+        resumed = {}
+        resumer = threading.Thread(target=lambda: resumed.update(
+            r=request("POST", f"/v1/sandboxes/{other}/resume", sock=sock)))
+        resumer.start()
+        time.sleep(0.05)
+        deleted = ok_json("DELETE", f"/v1/sandboxes/{other}", sock=sock)
+        resumer.join(120)
+        expect(deleted["state"] == "deleted", f"delete during resume: {deleted}")
+        status, _, data = request("GET", f"/v1/sandboxes/{other}", sock=sock)
+        listed = {x["id"] for x in ok_json("GET", "/v1/sandboxes", sock=sock)["sandboxes"]}
+        expect(status == 404 and other not in listed,
+               f"deleted while resuming, yet {status} {data!r} (the resume answered {resumed.get('r', '')!r:.300})")
+        seen.append(f"a DELETE during resume held (the resume answered {resumed['r'][0]})")
         delete(pid, sock=sock)
         # Its VM ends after the answer; then its snapshot and the chain below go.
         deadline = time.monotonic() + 30
@@ -996,7 +1075,7 @@ def hostile_guest():
 
 
 SHARED = [pool_warm_and_cold, state_within_not_across, big_file_both_ways, streaming, timeouts, vm_killed,
-          errors, run_code, code_cancel_file_info, run_jupyter, metrics_match]
+          errors, run_code, code_cancel_file_info, run_jupyter, fusion_limits, metrics_match]
 # After the shared serve has stopped: these count every agentvm process of the machine.
 ALONE = [drain_with_call_in_flight, soak_no_leaks, kill9_leaves_nothing, memory_reserve_refuses, pool_warmup,
          plan_calibrates, fork_pause_resume, hostile_guest]

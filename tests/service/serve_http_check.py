@@ -3,7 +3,8 @@
 
 usage: serve_http_check.py AGENTVM_SERVE_BINARY
 Prints "ok <case>: <what was seen>" or "FAIL <case>: <why>" per case; exits non-zero if any
-failed. Needs no KVM: it checks what serve answers before any sandbox exists.
+failed. Needs no KVM: it checks what serve answers before any sandbox exists, or with sandboxes
+whose VMs are FAKE_EPISODE, a script that answers every call.
 """
 import base64
 import http.client
@@ -36,6 +37,207 @@ def Serve(*args):
     serves_started += 1
     return serve_client.Serve(SERVE, "--pool", "default=0", *args,
                               log_path=os.path.join(TMP, f"serve-{serves_started}.log"))
+
+
+# A stand-in for `agentvm episode`: ready at once, then every call succeeds with nothing to say.
+# serve runs the `agentvm` beside its own binary, so a copy of serve goes beside this.
+FAKE_EPISODE = """#!/usr/bin/env python3
+import json, sys
+print(json.dumps({"event": "ready", "restored": False}), flush=True)
+for line in sys.stdin:
+    answer = {"id": json.loads(line)["id"], "ok": True, "exit_code": 0, "stdout": "", "stderr": ""}
+    print(json.dumps(answer), flush=True)
+"""
+
+
+def ServeWithFakeVms(*args):
+    bin_dir = os.path.join(TMP, "fake-vms")
+    if not os.path.isdir(bin_dir):
+        os.mkdir(bin_dir)
+        shutil.copy(SERVE, os.path.join(bin_dir, "agentvm-serve"))
+        with open(os.path.join(bin_dir, "agentvm"), "w") as f:
+            f.write(FAKE_EPISODE)
+        os.chmod(os.path.join(bin_dir, "agentvm"), 0o755)
+    global serves_started
+    serves_started += 1
+    return serve_client.Serve(os.path.join(bin_dir, "agentvm-serve"), "--pool", "default=0", *args,
+                              log_path=os.path.join(TMP, f"serve-{serves_started}.log"))
+
+
+def create_sandbox(conn):
+    status, _, data = call(conn, "POST", "/v1/sandboxes", body=b"{}")
+    expect(status == 201, f"create with a fake VM: {status} {data!r}")
+    return json.loads(data)["id"]
+
+
+def expect_alive(serve, conn):
+    expect(serve.proc.poll() is None, f"serve exited {serve.proc.returncode}: {serve.log()[-1500:]}")
+    status, _, _ = call(conn, "GET", "/healthz")
+    expect(status == 200, f"healthz: {status}")
+
+
+def one_piece(connect, method, where, headers, body=b""):
+    """A request sent in one write, read to its end: a request refused at its headers has its
+    connection closed before its body is read, which a body sent apart could meet as EPIPE."""
+    head = "".join(f"{name}: {value}\r\n" for name, value in headers.items())
+    with connect() as s:
+        s.settimeout(10)
+        s.sendall(f"{method} {where} HTTP/1.1\r\n{head}Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+                  .encode() + body)
+        reply = b""
+        while chunk := s.recv(65536):
+            reply += chunk
+    status_line, _, rest = reply.partition(b"\r\n")
+    return int(status_line.split()[1]), rest.partition(b"\r\n\r\n")[2]
+
+
+def non_utf8_file_paths():
+    # A path the agent protocol cannot carry (a JSON string; other bytes would become U+FFFD,
+    # another file) is refused before anything is sent; it once made serve throw from the
+    # upload's last callback, ending serve and every sandbox.
+    path = os.path.join(TMP, "paths.sock")
+    serve = ServeWithFakeVms("--listen", f"unix:{path}")
+    try:
+        serve.wait_listening(lambda: UnixConnection(path))
+        conn = UnixConnection(path)
+        sandbox = create_sandbox(conn)
+        status, _, data = call(conn, "PUT", f"/v1/sandboxes/{sandbox}/files?path=/tmp/ok", body=b"x")
+        expect(status == 200 and json.loads(data)["bytes"] == 1, f"upload to /tmp/ok: {status} {data!r}")
+        for method, where in [("PUT", sandbox + "/files"), ("GET", sandbox + "/files"),
+                              ("GET", sandbox + "/files/stat"), ("GET", sandbox + "/files/list"),
+                              ("PUT", "sb-0000000000000000/files")]:
+            # In one piece: an upload refused at its headers is closed before its body is read.
+            with socket.socket(socket.AF_UNIX) as s:
+                s.settimeout(10)
+                s.connect(path)
+                s.sendall(f"{method} /v1/sandboxes/{where}?path=/tmp/%FF HTTP/1.1\r\nHost: localhost\r\n"
+                          f"Content-Length: 1\r\n\r\nx".encode())
+                reply = s.recv(4096)
+            head, _, data = reply.partition(b"\r\n\r\n")
+            expect(head.startswith(b"HTTP/1.1 400") and json_error(data) == "bad_field",
+                   f"{method} {where}?path=/tmp/%FF: {reply[:300]!r}")
+            expect_alive(serve, UnixConnection(path))
+    finally:
+        serve.stop()
+    return "?path=/tmp/%FF: 400 bad_field for upload, download, stat and list, before the sandbox is looked up; serve lives"
+
+
+def unknown_transfer_coding():
+    # MHD reads the body of any coding but chunked until the client closes: an upload with one
+    # never ended, its client waiting with no answer and its history entry running for good.
+    # The fuzz target found it.
+    path = os.path.join(TMP, "coding.sock")
+    serve = ServeWithFakeVms("--listen", f"unix:{path}")
+    try:
+        serve.wait_listening(lambda: UnixConnection(path))
+        sandbox = create_sandbox(UnixConnection(path))
+        for where, coding in [(f"PUT /v1/sandboxes/{sandbox}/files?path=/tmp/c", b"gzip"),
+                              ("POST /v1/sandboxes", b"gzip, chunked")]:
+            with socket.socket(socket.AF_UNIX) as s:
+                s.settimeout(10)
+                s.connect(path)
+                s.sendall(where.encode() + b" HTTP/1.1\r\nHost: localhost\r\nTransfer-Encoding: " + coding +
+                          b"\r\n\r\n3\r\nabc\r\n0\r\n\r\n")
+                try:
+                    reply = s.recv(4096)
+                except socket.timeout:
+                    reply = b"(no answer within 10 s)"
+            head, _, data = reply.partition(b"\r\n\r\n")
+            expect(head.startswith(b"HTTP/1.1 501") and json_error(data) == "unsupported_transfer_encoding",
+                   f"{where} with Transfer-Encoding {coding!r}: {reply[:200]!r}")
+        status, _, data = call(UnixConnection(path), "GET", f"/v1/sandboxes/{sandbox}/history")
+        expect(status == 200 and json.loads(data)["calls"] == [], f"history: {status} {data[:300]!r}")
+    finally:
+        serve.stop()
+    return "an upload and a create with a Transfer-Encoding but chunked: 501 at once, nothing left running"
+
+
+def deep_bodies():
+    # Nested deeper than the protocol's 64 levels: refused before parsing, since what serve
+    # does with a parsed body (a history summary, the line to the agent) recurses, and half a
+    # million levels overflowed its stack.
+    path = os.path.join(TMP, "deep.sock")
+    serve = ServeWithFakeVms("--listen", f"unix:{path}")
+    try:
+        serve.wait_listening(lambda: UnixConnection(path))
+        sandbox = create_sandbox(UnixConnection(path))
+        deep = lambda n: b"[" * n + b"]" * n  # noqa: E731
+        cases = [(f"/v1/sandboxes/{sandbox}/exec", b'{"argv":' + deep(500000) + b"}"),
+                 (f"/v1/sandboxes/{sandbox}/run_code", b'{"code":' + deep(65) + b"}"),
+                 ("/v1/sandboxes", b'{"metadata":{"a":' + deep(64) + b"}}"),
+                 ("/run_code", b'{"code":"1","language":"python","x":' + deep(64) + b"}")]
+        for where, body in cases:
+            status, _, data = call(UnixConnection(path), "POST", where, body=body)
+            expect(status == 400 and json_error(data) == "bad_json" and b"deeper than 64" in data,
+                   f"{len(body)} bytes to {where}: {status} {data[:200]!r}")
+            expect_alive(serve, UnixConnection(path))
+        # 64 levels are taken: this one reaches the call, which the fake VM answers.
+        status, _, data = call(UnixConnection(path), "POST", f"/v1/sandboxes/{sandbox}/exec",
+                               body=b'{"argv":["true"],"x":' + deep(63) + b"}")
+        expect(status == 200, f"exec with 64 levels: {status} {data[:200]!r}")
+    finally:
+        serve.stop()
+    return f"{len(cases)} bodies nested 65 to 500000 deep: 400 bad_json, serve lives; 64 levels served"
+
+
+def no_auth_local_clients_only():
+    # Without a token, a web page in a browser on this host must not reach serve: its
+    # cross-site requests carry the page's Origin, and through DNS rebinding the Host is the
+    # attacker's name. A Unix socket is out of a browser's reach: its Host is not checked.
+    port = free_port()
+    unix_path = os.path.join(TMP, "local.sock")
+    serve = ServeWithFakeVms("--listen", f"tcp:127.0.0.1:{port}", "--listen", f"unix:{unix_path}", "--no-auth")
+    try:
+        tcp = lambda: http.client.HTTPConnection("127.0.0.1", port, timeout=10)  # noqa: E731
+        serve.wait_listening(tcp)
+        serve.wait_listening(lambda: UnixConnection(unix_path))
+        tcp_socket = lambda: socket.create_connection(("127.0.0.1", port))  # noqa: E731
+
+        def unix_socket():
+            s = socket.socket(socket.AF_UNIX)
+            s.connect(unix_path)
+            return s
+        cases = [
+            (tcp_socket, {"Host": f"localhost:{port}"}, 200),
+            (tcp_socket, {"Host": f"127.0.0.1:{port}", "Origin": f"http://localhost:{port}"}, 200),
+            (tcp_socket, {"Host": f"[::1]:{port}", "Origin": "https://127.0.0.1"}, 200),
+            (tcp_socket, {"Host": "attacker.example"}, 403),
+            (tcp_socket, {"Host": f"attacker.example:{port}"}, 403),
+            (tcp_socket, {"Host": f"localhost.attacker.example:{port}"}, 403),
+            (tcp_socket, {"Host": f"127.0.0.1:{port}", "Origin": "http://attacker.example"}, 403),
+            (tcp_socket, {"Host": f"127.0.0.1:{port}", "Origin": "null"}, 403),
+            (unix_socket, {"Host": "attacker.example"}, 200),
+            (unix_socket, {"Host": "localhost", "Origin": "http://attacker.example"}, 403),
+        ]
+        for connect, headers, want in cases:
+            for method, where, body in [("GET", "/healthz", b""),
+                                        ("POST", "/run_code", b'{"code":"1","language":"python"}')]:
+                status, data = one_piece(connect, method, where, headers, body)
+                if want == 403:
+                    expect(status == 403 and json_error(data) == "forbidden", f"{method} {where} {headers}: {status} {data!r}")
+                else:
+                    expect(status == 200, f"{method} {where} {headers}: {status} {data!r}")
+        # HTTP/1.0 may leave Host out: on TCP that is no loopback Host either.
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+            s.sendall(b"GET /healthz HTTP/1.0\r\n\r\n")
+            reply = s.recv(4096)
+        expect(reply.startswith(b"HTTP/1.0 403") or reply.startswith(b"HTTP/1.1 403"), f"no Host: {reply[:80]!r}")
+    finally:
+        serve.stop()
+    # With a token the request proves itself: Host and Origin are not checked.
+    token_file = os.path.join(TMP, "local-token")
+    with open(token_file, "w") as f:
+        f.write("t0ken\n")
+    os.chmod(token_file, 0o600)
+    serve = Serve("--listen", f"tcp:127.0.0.1:{port}", "--token-file", token_file)
+    try:
+        serve.wait_listening(tcp)
+        status, _, _ = call(tcp(), "GET", "/healthz", headers={"Host": "attacker.example", "Origin": "null",
+                                                               "Authorization": "Bearer t0ken"})
+        expect(status == 200, f"a foreign Host with the token: {status}")
+    finally:
+        serve.stop()
+    return f"{len(cases)} Host/Origin cases on TCP and a Unix socket: foreign ones 403 forbidden; HTTP/1.0 without Host 403; a token lifts the check"
 
 
 def unix_listener():
@@ -202,7 +404,8 @@ def state_dir_in_use():
 
 def main():
     results = [run_case(case.__name__, case) for case in
-               [unix_listener, tcp_needs_token, token_auth, limits_and_garbage, state_dir_in_use]]
+               [unix_listener, tcp_needs_token, token_auth, limits_and_garbage, state_dir_in_use, non_utf8_file_paths,
+                unknown_transfer_coding, deep_bodies, no_auth_local_clients_only]]
     shutil.rmtree(TMP, ignore_errors=True)
     sys.exit(0 if all(results) else 1)
 

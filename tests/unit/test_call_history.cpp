@@ -58,3 +58,43 @@ TEST_CASE("errors are kept as errors, and the oldest calls are dropped and count
     history.end(1, Json{{"exit_code", 1}});
     CHECK(history.to_json() == all);
 }
+
+TEST_CASE("every other field of an answer is clipped too, and said to be")
+{
+    // A run_code result of 1 MiB, a long traceback in an array, a deep nest: a sandbox keeps
+    // up to 256 calls, so none of it may be kept whole.
+    CallHistory history(8);
+    const uint64_t seq = history.begin(Json{{"op", "run_code"}});
+    Json deep = Json::array();
+    for (int i = 0; i < 100; ++i)
+        deep = Json::array({deep});
+    Json many = Json::array();
+    for (int i = 0; i < 100000; ++i)
+        many.push_back(i);
+    history.end(seq, Json{{"result", std::string(size_t{1} << 20, 'r')},
+                          {"exception", {{"type", "E"}, {"traceback", many}}},
+                          {"deep", deep},
+                          {"timed_out", false}});
+    const Json result = history.to_json()["calls"][0]["result"];
+    CHECK(result.value("clipped", false) == true);
+    CHECK(result.dump().size() <= CallHistory::fields_kept + 512);
+    CHECK(result.value("result", "").size() < CallHistory::fields_kept);
+    CHECK(result.value("result", "").starts_with("rrrr"));
+
+    // A cut never splits a UTF-8 character (the history would not dump).
+    const uint64_t utf8 = history.begin(Json{{"op", "run_code"}});
+    std::string text = "x";
+    for (int i = 0; i < 3000; ++i)
+        text += "\xc3\xa9";  // é
+    history.end(utf8, Json{{"result", text}});
+    const Json kept = history.to_json()["calls"][1]["result"];
+    CHECK(kept.value("clipped", false) == true);
+    CHECK_NOTHROW((void)kept.dump());
+
+    // A small answer is kept whole, without "clipped".
+    const uint64_t small = history.begin(Json{{"op", "run_code"}});
+    history.end(small, Json{{"result", "42"}, {"exception", nullptr}});
+    const Json whole = history.to_json()["calls"][2]["result"];
+    CHECK(whole["result"] == "42");
+    CHECK_FALSE(whole.contains("clipped"));
+}

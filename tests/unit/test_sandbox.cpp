@@ -4,12 +4,20 @@
 // episode that ends under a call fails it with vm_died, naming agentvm's last word.
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <fstream>
+#include <functional>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include <spdlog/sinks/base_sink.h>
+#include <spdlog/spdlog.h>
+
 #include "core/event_loop.hpp"
 #include "core/loop_timer.hpp"
+#include "protocol/response_line.hpp"
 #include "service/sandbox.hpp"
 #include "tests/support/fake_agentvm.hpp"
 
@@ -65,4 +73,107 @@ exit 4)");
     CHECK(history[0]["result"]["stdout"] == "hi");
     CHECK(history[1]["error"]["code"] == "vm_died");
     CHECK(sandbox.running_calls() == 0);
+}
+
+namespace {
+
+// Runs `program` as a sandbox's episode until it ends (60 s at most: a long line takes a
+// while on a busy host), making the calls `start` makes once it is ready; returns the answers.
+std::vector<Json> run_episode(const FakeAgentvm& program, const std::function<void(Sandbox&, CallHandlers)>& start,
+                              std::optional<std::string>* ended = nullptr)
+{
+    EventLoop loop;
+    std::vector<Json> answers;
+    std::optional<std::string> why;
+    Sandbox sandbox(loop, "default", program.path, {}, 8,
+                    Sandbox::Hooks{[&](Sandbox& s, bool) {
+                                       start(s, CallHandlers{[](Json&&) {},
+                                                             [&](Json&& a) { answers.push_back(std::move(a)); }});
+                                   },
+                                   [&](Sandbox&, const std::string& w) {
+                                       why = w;
+                                       loop.stop();
+                                   }});
+    LoopTimer deadline(loop, [&] { loop.stop(); });
+    deadline.arm(std::chrono::seconds(60));
+    loop.run();
+    if (ended)
+        *ended = why;
+    return answers;
+}
+
+// A sink that counts what serve logs.
+struct CountingSink : spdlog::sinks::base_sink<std::mutex> {
+    std::vector<std::string> lines;
+    void sink_it_(const spdlog::details::log_msg& msg) override
+    {
+        lines.emplace_back(msg.payload.data(), msg.payload.size());
+    }
+    void flush_() override {}
+};
+
+} // namespace
+
+TEST_CASE("a call's max_output is lowered to what serve takes in a line; an honest answer that long crosses")
+{
+    // 12 MiB of NULs on both streams: within the agent's default max_output, 144 MiB as a line
+    // (each NUL escaped as \u0000), which the 128 MiB line cap of before broke the sandbox on.
+    const FakeAgentvm program(R"(echo '{"event":"ready","restored":false}'
+read first
+printf '%s\n' "$first" > "$(dirname "$0")/first"
+read second
+printf '%s\n' "$second" > "$(dirname "$0")/second"
+python3 -c '
+import sys
+nuls = "\\u0000" * (12 << 20)
+sys.stdout.write("{\"id\":1,\"exit_code\":0,\"stdout\":\"" + nuls + "\",\"stderr\":\"" + nuls + "\"}\n")
+sys.stdout.write("{\"id\":2,\"exit_code\":0}\n")
+sys.stdout.flush()
+'
+exit 0)");
+    static_assert(EpisodeProcess::max_line == max_response_line_for(EpisodeProcess::max_output_limit));
+    std::optional<std::string> ended;
+    const std::vector<Json> answers = run_episode(
+        program,
+        [](Sandbox& sandbox, CallHandlers handlers) {
+            sandbox.call(Json{{"op", "exec"}, {"argv", {"true"}}, {"max_output", uint64_t{64} << 20}}, std::nullopt,
+                         handlers);
+            sandbox.call(Json{{"op", "shell"}, {"cmd", "true"}, {"max_output", 1000}}, std::nullopt, handlers);
+        },
+        &ended);
+    const auto request = [&](const char* name) {
+        std::ifstream file(program.dir + "/" + name);
+        std::string line;
+        std::getline(file, line);
+        return Json::parse(line, nullptr, false);
+    };
+    CHECK(request("first")["max_output"] == EpisodeProcess::max_output_limit);
+    CHECK(request("second")["max_output"] == 1000);
+    INFO(ended.value_or("(the episode did not end)"));
+    INFO((answers.empty() ? std::string() : answers[0].dump().substr(0, 300)));
+    REQUIRE(answers.size() == 2);
+    CHECK(answers[0].value("exit_code", -1) == 0);
+    CHECK(answers[0].value("stdout", "").size() == size_t{12} << 20);
+    CHECK(answers[1].value("exit_code", -1) == 0);
+    REQUIRE(ended);
+    CHECK(ended->find("the episode process exited with status 0") != std::string::npos);
+}
+
+TEST_CASE("stray lines from the episode are warned about at a bounded rate")
+{
+    const FakeAgentvm program(R"(echo '{"event":"ready","restored":false}'
+i=0
+while [ $i -lt 500 ]; do echo '{"id":77,"exit_code":0}'; echo 'garbage'; i=$((i+1)); done
+exit 0)");
+    auto sink = std::make_shared<CountingSink>();
+    auto logger = std::make_shared<spdlog::logger>("count", sink);
+    const auto previous = spdlog::default_logger();
+    spdlog::set_default_logger(logger);
+    run_episode(program, [](Sandbox&, CallHandlers) {});
+    spdlog::set_default_logger(previous);
+    const auto strays = std::count_if(sink->lines.begin(), sink->lines.end(), [](const std::string& line) {
+        return line.find("no call of ours") != std::string::npos || line.find("not running") != std::string::npos;
+    });
+    CHECK(strays >= 1);
+    CHECK(strays <= 20);  // of 1000
 }
