@@ -133,6 +133,14 @@ uint64_t Sandbox::send(Json request, Call call)
         line[key] = std::move(value);
     last_activity_ = Clock::now();
     calls_.emplace(id, std::move(call));
+    if (!ended_why_.empty()) {
+        // A caller that still held the sandbox (an upload between chunks, a fetch's next
+        // file): nothing will answer its call, so the sandbox does.
+        if (!late_calls_)
+            late_calls_.emplace(loop_, [this] { fail_calls(); });
+        late_calls_->arm(std::chrono::nanoseconds(1));
+        return id;
+    }
     episode_->send(to_line(line));
     return id;
 }
@@ -220,19 +228,25 @@ void Sandbox::on_exit(int wait_status)
             why += ": " + said;
     }
     // The episode answers its calls before it ends; what is left, it could not.
-    auto calls = std::move(calls_);
-    calls_.clear();
-    for (auto& [id, call] : calls) {
-        Json answer{{"error", {{"code", "vm_died"}, {"message", "the sandbox's VM ended: " + why}}}};
-        if (call.history_seq)
-            history_.end(*call.history_seq, answer);
-        call.handlers.on_answer(std::move(answer));
-    }
+    ended_why_ = why;
+    fail_calls();
     if (settings_.id.empty())
         spdlog::debug("pool {}: a VM ended: {}", pool_, why);
     else
         spdlog::info("sandbox {} ended: {}", settings_.id, why);
     hooks_.on_exit(*this, why);
+}
+
+void Sandbox::fail_calls()
+{
+    auto calls = std::move(calls_);
+    calls_.clear();
+    for (auto& [id, call] : calls) {
+        Json answer{{"error", {{"code", "vm_died"}, {"message", "the sandbox's VM ended: " + ended_why_}}}};
+        if (call.history_seq)
+            history_.end(*call.history_seq, answer);
+        call.handlers.on_answer(std::move(answer));
+    }
 }
 
 void Sandbox::stop(std::string why)

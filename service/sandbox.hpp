@@ -19,6 +19,7 @@
 #include "protocol/agent_protocol.hpp"
 
 #include "common/warn_limiter.hpp"
+#include "core/loop_timer.hpp"
 #include "core/event_loop.hpp"
 #include "service/call_history.hpp"
 #include "service/episode_process.hpp"
@@ -114,6 +115,8 @@ private:
     void on_line(std::string&& line);
     void on_exit(int wait_status);
     uint64_t send(Json request, Call call);
+    // Answers every call still held with vm_died: the episode has ended and cannot.
+    void fail_calls();
 
     EventLoop& loop_;
     std::string pool_;
@@ -131,6 +134,10 @@ private:
     std::string stop_reason_;
     Clock::time_point stop_requested_{};
     std::string broken_reason_;
+    std::string ended_why_;  // set once the episode has ended
+    // Made for a call sent after the episode ended, to answer it on the loop's next turn
+    // (never from within call()).
+    std::optional<LoopTimer> late_calls_;
     // The episode's lines about no running call: the guest's to send at will, so their
     // warnings are rate-limited.
     WarnLimiter stray_lines_;

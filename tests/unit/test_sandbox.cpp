@@ -177,3 +177,38 @@ exit 0)");
     CHECK(strays >= 1);
     CHECK(strays <= 20);  // of 1000
 }
+
+TEST_CASE("a call sent after the episode ended is answered vm_died, on the loop, not never")
+{
+    const FakeAgentvm program(R"(echo '{"event":"ready","restored":true}'
+echo 'agentvm: error: the VMM was killed by signal 9' >&2
+exit 4)");
+    EventLoop loop;
+    std::vector<Json> answers;
+    bool answered_within_call = false;
+    bool in_call = false;
+    Sandbox sandbox(loop, "default", program.path, {}, 8,
+                    Sandbox::Hooks{[](Sandbox&, bool) {},
+                                   [&](Sandbox& s, const std::string&) {
+                                       // A holder that still has the sandbox, as an upload
+                                       // between its chunks does, sends its next call.
+                                       in_call = true;
+                                       s.call(Json{{"op", "write_file"}, {"path", "/tmp/x"}, {"data", "y"}},
+                                              Json{{"op", "write_file"}},
+                                              CallHandlers{[](Json&&) {}, [&](Json&& a) {
+                                                               answered_within_call = in_call;
+                                                               answers.push_back(std::move(a));
+                                                               loop.stop();
+                                                           }});
+                                       in_call = false;
+                                   }});
+    LoopTimer deadline(loop, [&] { loop.stop(); });
+    deadline.arm(std::chrono::seconds(10));
+    loop.run();
+    REQUIRE(answers.size() == 1);
+    CHECK_FALSE(answered_within_call);
+    CHECK(answers[0]["error"]["code"] == "vm_died");
+    CHECK(answers[0]["error"]["message"].get<std::string>().find("killed by signal 9") != std::string::npos);
+    CHECK(sandbox.running_calls() == 0);
+    CHECK(sandbox.history().to_json()["calls"][0]["error"]["code"] == "vm_died");
+}
