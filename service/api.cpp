@@ -31,21 +31,19 @@ Json json_body(const HttpExchange& exchange)
     return body;
 }
 
-// Deletes the sandboxes `ids` (a create's, a fork's) when the answer naming them is not
-// delivered: nobody else would learn their ids. A client that went away while its answer
-// waited (its connection suspended, which the HTTP library does not watch) shows only when
-// that answer cannot be sent, not in gone() beforehand.
-void remove_if_undelivered(SandboxManager& manager, HttpExchange& exchange, std::vector<std::string> ids)
+// Deletes the sandboxes `ids` (a create's, a fork's) when their client closed its connection
+// while it waited for them: nobody else would learn their ids. True when it did (the answer
+// is then not sent). Asked of the socket at the moment of answering: an answer that was sent
+// whole and then read by a client that closed at once is delivered, whatever the HTTP library
+// reports of the connection's end afterwards.
+bool removed_if_client_closed(SandboxManager& manager, HttpExchange& exchange, const std::vector<std::string>& ids)
 {
-    auto remove = [&manager, ids = std::move(ids)] {
-        for (const std::string& id : ids)
-            if (auto sandbox = manager.find(id))
-                manager.remove(*sandbox, "its creator went away before it was ready");
-    };
-    if (exchange.gone())
-        remove();
-    else
-        exchange.on_gone(std::move(remove));
+    if (!exchange.client_closed())
+        return false;
+    for (const std::string& id : ids)
+        if (auto sandbox = manager.find(id))
+            manager.remove(*sandbox, "its creator went away before it was ready");
+    return true;
 }
 
 std::string json_text(const Json& value)
@@ -175,8 +173,7 @@ void ServiceApi::create(const std::shared_ptr<HttpExchange>& exchange)
                         if (refusal)
                             return exchange->respond_error(refusal->status, refusal->code, refusal->message,
                                                            refusal->retry_after_s);
-                        remove_if_undelivered(manager_, *exchange, {sandbox->id()});
-                        if (!exchange->gone())
+                        if (!removed_if_client_closed(manager_, *exchange, {sandbox->id()}))
                             exchange->respond(201, json_text(sandbox->describe()));
                     });
 }
@@ -252,8 +249,7 @@ void ServiceApi::sandbox_request(const std::shared_ptr<HttpExchange>& exchange, 
                                  std::vector<std::string> ids;
                                  for (Sandbox* child : children)
                                      ids.push_back(child->id());
-                                 remove_if_undelivered(manager_, *exchange, std::move(ids));
-                                 if (exchange->gone())
+                                 if (removed_if_client_closed(manager_, *exchange, ids))
                                      return;
                                  Json list = Json::array();
                                  for (Sandbox* child : children)

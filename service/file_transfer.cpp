@@ -40,7 +40,7 @@ public:
         seq_ = sandbox_.lock()->record(std::move(summary));
         auto self = shared_from_this();
         exchange_->read_body([self](std::string_view piece) { self->take(piece); }, [self] { self->body_ended(); });
-        exchange_->on_gone([self] { self->failed_ = true; });
+        exchange_->on_gone([self] { self->client_gone(); });
     }
 
 private:
@@ -109,6 +109,21 @@ private:
         if (!ended_ && in_flight_ < chunks_in_flight)
             exchange_->resume_body();
         finish_if_done();
+    }
+
+    // The client went away before its answer: the upload stops where it is, and its history
+    // entry says so instead of running forever.
+    void client_gone()
+    {
+        if (failed_)
+            return;
+        failed_ = true;
+        if (auto sandbox = sandbox_.lock())
+            sandbox->record_end(seq_, Json{{"error",
+                                            {{"code", "client_gone"},
+                                             {"message", fmt::format("the client went away after {} bytes of the "
+                                                                     "upload had been sent to the sandbox",
+                                                                     total_)}}}});
     }
 
     void finish_if_done()

@@ -1,6 +1,7 @@
 #include "service/http_server.hpp"
 
 #include <arpa/inet.h>
+#include <poll.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -222,6 +223,17 @@ void HttpExchange::read_body(std::function<void(std::string_view)> on_piece, std
 {
     on_body_piece_ = std::move(on_piece);
     on_body_end_ = std::move(on_end);
+}
+
+bool HttpExchange::client_closed() const
+{
+    if (gone_ || !connection_)
+        return true;
+    const MHD_ConnectionInfo* info = MHD_get_connection_info(connection_, MHD_CONNECTION_INFO_CONNECTION_FD);
+    if (!info)
+        return false;
+    pollfd p{info->connect_fd, POLLRDHUP, 0};
+    return ::poll(&p, 1, 0) == 1 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
 }
 
 void HttpExchange::resume_body()

@@ -89,6 +89,10 @@ public:
 
     bool answered() const { return answered_; }
     bool gone() const { return gone_; }
+    // Whether the client has closed its end while its request waited: a suspended connection
+    // is not watched, so gone() learns of that only when the answer cannot be sent. Asked of
+    // the socket itself (a hang-up or the peer's shutdown), for an answer that would be lost.
+    bool client_closed() const;
     // Runs once when the client goes away before the answer was sent whole.
     void on_gone(std::function<void()> callback) { on_gone_ = std::move(callback); }
 

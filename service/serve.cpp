@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <chrono>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -60,6 +61,32 @@ PoolConfig parse_pool_spec(const std::string& text, const std::string& template_
 }
 
 namespace {
+
+// Runs the loop until it is stopped. An exception from a callback (a handler's bug the
+// per-request guards did not catch) fails what that callback was doing and is logged; serve and
+// every other sandbox go on: the loop consumes each event before its callback, so it can run
+// again. Only a loop that fails over and over (its ring broken) ends serve.
+void run_loop(EventLoop& loop)
+{
+    constexpr int max_failures_per_second = 100;
+    int failures = 0;
+    auto window = std::chrono::steady_clock::now();
+    for (;;) {
+        try {
+            loop.run();
+            return;
+        } catch (const std::exception& e) {
+            const auto now = std::chrono::steady_clock::now();
+            if (now - window >= std::chrono::seconds(1)) {
+                window = now;
+                failures = 0;
+            }
+            if (++failures >= max_failures_per_second)
+                throw;
+            spdlog::error("an event-loop callback failed: {}; serve goes on", e.what());
+        }
+    }
+}
 
 // The Unix socket files serve made, removed however serve ends: a socket file left by a serve
 // that failed to start (a locked --state-dir, say) would look to a waiting client like a serve
@@ -192,7 +219,7 @@ int run_serve(const ServeConfig& config)
     spdlog::info("connections: at most {} per listener, {} per client address on TCP; request headers due within "
                  "{} s",
                  listener_share, options.max_connections_per_address, options.header_timeout.count());
-    loop.run();
+    run_loop(loop);
     // The VMs have ended, so every call has its answer: each request still open gets its
     // own (503 for one that had none) before the HTTP server goes, and a little time to take it.
     bool lingering = false;
@@ -206,7 +233,7 @@ int run_serve(const ServeConfig& config)
         lingering = true;
         LoopTimer linger(loop, [&loop] { loop.stop(); });
         linger.arm(finish_patience);
-        loop.run();
+        run_loop(loop);
     }
     loop.unwatch(signals.get());
     spdlog::info("stopped by {}", strsignal(stop_signal));

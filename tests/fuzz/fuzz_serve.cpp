@@ -62,8 +62,10 @@ class Serve {
 public:
     Serve()
     {
-        char name[] = "/tmp/agentvm-fuzz-serve-XXXXXX";
-        check(::mkdtemp(name) != nullptr, "mkdtemp");
+        // Under $TMPDIR, which run_fuzzer.sh points at its scratch dir, removed after the run:
+        // libFuzzer may end the process without running destructors.
+        std::string name = (std::filesystem::temp_directory_path() / "agentvm-fuzz-serve-XXXXXX").string();
+        check(::mkdtemp(name.data()) != nullptr, "mkdtemp");
         dir_ = name;
         const std::string program = dir_ + "/agentvm";
         std::ofstream(program) << fake_episode;
@@ -90,14 +92,6 @@ public:
                                                [this](const std::shared_ptr<HttpExchange>& exchange) {
                                                    api_->handle(exchange);
                                                });
-    }
-
-    ~Serve()
-    {
-        server_.reset();
-        api_.reset();
-        manager_.reset();
-        std::filesystem::remove_all(dir_);
     }
 
     // The sandbox "$SB" names: the one left by the inputs before, else a new one.

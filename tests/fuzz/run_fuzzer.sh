@@ -39,7 +39,9 @@ dict_flag=()
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:+$UBSAN_OPTIONS:}halt_on_error=1:print_stacktrace=1
 export ASAN_OPTIONS=${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=1
 
-"$fuzzer" -max_total_time="$seconds" -rss_limit_mb=2048 -timeout=10 \
+# Files a target makes for itself (fuzz_serve's socket and fake episode) go in the scratch dir:
+# libFuzzer ends without running static destructors, which would remove them.
+TMPDIR=$work "$fuzzer" -max_total_time="$seconds" -rss_limit_mb=2048 -timeout=10 \
   -error_exitcode=1 -timeout_exitcode=1 -print_final_stats=1 "${dict_flag[@]}" \
   -artifact_prefix="$artifacts/$name-" "$work/corpus" "$@"
 status=$?
