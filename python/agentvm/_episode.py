@@ -19,6 +19,7 @@ from collections import deque
 from typing import Any, Awaitable, Callable, Deque, Dict, Iterable, List, Mapping, Optional
 
 from ._common import (DEFAULT_GRACE, MAX_LINE_BYTES, OnEvent, OnRef, cancel_quietly, put_bytes, wait_answer)
+from ._snapshots import ManagedDir
 from .errors import (SANDBOX_DEATH_CODES, AgentvmError, CallTimeout, SandboxDied, StartFailed,
                      error_from_protocol)
 from .models import byte_field
@@ -125,10 +126,17 @@ class EpisodeTransport:
 
     def __init__(self, binary: str, *, snapshot: Optional[str], timeout: float,
                  extra_args: Iterable[str] = (), grace: float = DEFAULT_GRACE,
-                 snapshot_dir: Optional[str] = None) -> None:
+                 snapshot_dir: Optional[str] = None, managed: Optional[ManagedDir] = None,
+                 hold: Optional[str] = None, no_snapshot_dir_why: str = "") -> None:
         self.binary = binary
         self.snapshot = snapshot
         self.snapshot_dir = snapshot_dir
+        # The client's own snapshot directory this episode's snapshots (or the one it is
+        # restored from) are in: held from start() until the episode has ended (_snapshots.py).
+        self.managed = managed
+        self._hold = hold
+        # Why there is no snapshot_dir although the caller gave none (the managed one failed).
+        self.no_snapshot_dir_why = no_snapshot_dir_why
         self.timeout = timeout
         self.extra_args = list(extra_args)
         self.grace = grace
@@ -172,16 +180,23 @@ class EpisodeTransport:
         """The episode's host op ``snapshot`` (docs/protocol.md, "Live snapshots"): the VM as
         it is now, in ``snapshot_dir/name``; returns the answer's ``snapshot`` object."""
         if self.snapshot_dir is None:
-            raise ValueError("an embedded sandbox forks and pauses only with snapshot_dir= (where the "
-                             "snapshots are kept, and which the caller cleans up)")
+            raise ValueError("this embedded sandbox cannot fork or pause: it has no snapshot directory ("
+                             + (self.no_snapshot_dir_why or "none was given")
+                             + "); give snapshot_dir= (an existing directory, which the caller cleans up)")
         msg = await self.call("snapshot", {"name": name}, soft_timeout=120.0)
         return dict(msg["snapshot"])
 
     async def start(self, start_timeout: float) -> None:
+        if self.managed is not None and self._hold is None:
+            self._hold = self.managed.hold()
+            if self._hold is None:
+                raise StartFailed("start_failed", f"the snapshot directory {self.managed.path} is gone "
+                                  "(nothing needed it any more, or its paused snapshots expired)")
         try:
             self.proc = subprocess.Popen(self.argv(), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                          stderr=subprocess.PIPE, bufsize=0, close_fds=True)
         except OSError as e:
+            self.release_hold()
             raise StartFailed("start_failed", f"cannot run {self.binary}: {e}") from e
         self._started_at = self.loop.time()
         self.pid = self.proc.pid
@@ -276,6 +291,16 @@ class EpisodeTransport:
             self._poll_handle.cancel()
         if self._stdin_p is not None:
             self._stdin_p._wake()
+        self.release_hold()
+
+    def release_hold(self) -> None:
+        """The episode has ended (or never started): it no longer needs its managed directory."""
+        hold, self._hold = self._hold, None
+        if hold is not None and self.managed is not None:
+            try:
+                self.managed.release(hold)
+            except OSError:
+                pass  # what is left is removed by the next sweep (_snapshots.sweep)
 
     def _close_pipes(self) -> None:
         if self._pidfd is not None:
@@ -347,15 +372,18 @@ class EpisodeTransport:
     def kill_at_exit(self) -> None:
         """kill() without the event loop, for interpreter exit: SIGTERM, then SIGKILL if the
         episode has not ended 30 s later."""
-        if self.proc is None or self.proc.returncode is not None:
-            return
-        self._killing = True
-        self._signal(signal.SIGTERM)
-        try:
-            self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            self._signal(signal.SIGKILL)
-            self.proc.wait(5)
+        if self.proc is not None and self.proc.returncode is None:
+            self._killing = True
+            self._signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self._signal(signal.SIGKILL)
+                try:
+                    self.proc.wait(5)
+                except subprocess.TimeoutExpired:
+                    return  # still running: it still needs its snapshot directory
+        self.release_hold()
 
     async def close(self) -> None:
         """Ends the episode gracefully: end of stdin; running calls are answered first."""

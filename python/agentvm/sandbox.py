@@ -20,6 +20,7 @@ from ._common import (DEFAULT_CALL_TIMEOUT, DEFAULT_GRACE, FILE_CHUNK, MAX_CALL_
                       MAX_OUTPUT_LIMIT, OnEvent, Transport, put_bytes)
 from ._episode import EpisodeTransport
 from ._http import HttpClient, ServiceTransport
+from ._snapshots import ManagedDir
 from .errors import AgentvmError, CommandFailed, NotFound, SandboxDied, Timeout
 from .models import CommandResult, EntryInfo, Execution, FileInfo, byte_field
 
@@ -563,7 +564,9 @@ class AsyncSandbox:
         ``agentvm template`` in either mode: embedded, the episode runs it; a service serves it
         as the pool of that name (``agentvm serve --pool NAME=N``). ``snapshot_dir`` (embedded):
         an existing directory where :meth:`fork` and :meth:`pause` write live snapshots, which
-        the caller removes when done with them; without it they raise ValueError."""
+        the caller removes when done with them; without it they go to a directory the client
+        keeps and removes once no sandbox of this one's lineage runs and none of its paused
+        snapshots waits to be resumed (python/README.md, "Fork, pause and resume")."""
         t = _number("timeout", timeout, low=1, high=MAX_SANDBOX_TIMEOUT, low_inclusive=True)
         env = _envs("envs", envs)
         meta = _metadata(metadata)
@@ -610,8 +613,22 @@ class AsyncSandbox:
         user_args = [_text("agentvm_args item", a) for a in agentvm_args]
         args = (["--template", template] if template is not None else []) + user_args
         sdir = _snapshot_dir(snapshot_dir)
-        episode = EpisodeTransport(find_agentvm(binary), snapshot=snapshot, timeout=t, extra_args=args, grace=g,
-                                   snapshot_dir=sdir)
+        program = find_agentvm(binary)
+        # Restored from a snapshot in a directory the client keeps: that one is held (and
+        # written to, without snapshot_dir=), else a new one is made when none was given.
+        managed = ManagedDir.of(snapshot) if snapshot is not None else None
+        hold: Optional[str] = None
+        why = ""
+        if sdir is None and managed is not None:
+            sdir = managed.path
+        elif sdir is None:
+            try:
+                managed, hold = ManagedDir.create()
+                sdir = managed.path
+            except OSError as e:
+                why = f"the client's own snapshot directory could not be made: {e}"
+        episode = EpisodeTransport(program, snapshot=snapshot, timeout=t, extra_args=args, grace=g,
+                                   snapshot_dir=sdir, managed=managed, hold=hold, no_snapshot_dir_why=why)
         await episode.start(st)
         sandbox = cls(episode, mode="embedded", envs=env, metadata=meta, timeout=t)
         sandbox._fork_args = user_args
@@ -628,7 +645,8 @@ class AsyncSandbox:
         id, with its settings. Embedded: ``sandbox_id`` is the paused snapshot's directory; the
         episode gets ``timeout``, ``envs`` for its exec calls (the shell kept its exports), and
         takes its own snapshots into ``snapshot_dir`` (default: the directory the paused
-        snapshot is in)."""
+        snapshot is in). A snapshot the client keeps (a pause without ``snapshot_dir=``) is kept
+        until it is resumed, or for a week."""
         _text("sandbox_id", sandbox_id)
         st = _number("start_timeout", start_timeout, low=0, high=MAX_CALL_TIMEOUT)
         g = _number("grace", grace, low=0, high=MAX_CALL_TIMEOUT)
@@ -651,9 +669,13 @@ class AsyncSandbox:
             raise ValueError(f"{sandbox_id!r} is not a paused sandbox's snapshot (no manifest.json there)")
         user_args = [_text("agentvm_args item", a) for a in agentvm_args]
         sdir = _snapshot_dir(snapshot_dir if snapshot_dir is not None else os.path.dirname(os.path.abspath(sandbox_id)))
+        managed = ManagedDir.of(sandbox_id)
         episode = EpisodeTransport(find_agentvm(binary), snapshot=sandbox_id, timeout=t, extra_args=user_args,
-                                   grace=g, snapshot_dir=sdir)
+                                   grace=g, snapshot_dir=sdir, managed=managed)
         await episode.start(st)
+        if managed is not None:
+            # Running again (and holding the directory): no longer a paused sandbox to keep.
+            managed.resumed(os.path.basename(os.path.normpath(sandbox_id)))
         sandbox = cls(episode, mode="embedded", envs=env, metadata={}, timeout=t)
         sandbox._shell_env_pending = False
         sandbox._fork_args = user_args
@@ -683,7 +705,8 @@ class AsyncSandbox:
         assert isinstance(t, EpisodeTransport)
         taken = await t.live_snapshot(f"fork-{os.getpid()}-{uuid.uuid4().hex}")
         episodes = [EpisodeTransport(t.binary, snapshot=taken["path"], timeout=self.timeout,
-                                     extra_args=self._fork_args, grace=t.grace, snapshot_dir=t.snapshot_dir)
+                                     extra_args=self._fork_args, grace=t.grace, snapshot_dir=t.snapshot_dir,
+                                     managed=t.managed)
                     for _ in range(count)]
         results = await asyncio.gather(*(e.start(st) for e in episodes), return_exceptions=True)
         failure = next((r for r in results if isinstance(r, BaseException)), None)
@@ -711,6 +734,9 @@ class AsyncSandbox:
         else:
             assert isinstance(t, EpisodeTransport)
             resume_id = (await t.live_snapshot(f"pause-{os.getpid()}-{uuid.uuid4().hex}"))["path"]
+            if t.managed is not None:
+                # Before the episode ends and lets go of the directory.
+                t.managed.paused(os.path.basename(str(resume_id)))
             await t.close()
         self._paused = True
         _loop.unregister_exit(self._kill_at_exit)

@@ -4,14 +4,18 @@ a paused sandbox holds no VM and resumes as it was, twice over; bad arguments ar
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
+import stat
+import subprocess
+import sys
 import tempfile
-from typing import Any, Dict, Iterator
+from typing import Any, Dict, Iterator, List
 
 import pytest
 
-from agentvm import AgentvmError, AsyncSandbox, Sandbox, SandboxDied
-from conftest import alive, run_async, wait_until
+from agentvm import AgentvmError, AsyncSandbox, Sandbox, SandboxDied, _snapshots
+from conftest import PYTHON_DIR, alive, run_async, wait_until
 
 
 @pytest.fixture
@@ -118,10 +122,57 @@ def test_fork_and_pause_arguments(target: Dict[str, Any], snapshots: str) -> Non
         with pytest.raises(ValueError):
             Sandbox(snapshot_dir=snapshots, **target)
     else:
-        with Sandbox() as plain:
-            with pytest.raises(ValueError, match="snapshot_dir"):
-                plain.fork()
         with pytest.raises(ValueError, match="not an existing directory"):
             Sandbox(snapshot_dir="/no/such/dir")
         with pytest.raises(ValueError, match="manifest.json"):
             Sandbox.resume(snapshots)
+
+
+# Run by another process: resumes a paused sandbox, changes it, pauses it again, prints the id.
+RESUME_ELSEWHERE = """
+import sys
+sys.path.insert(0, sys.argv[1])
+from agentvm import Sandbox
+sb = Sandbox.resume(sys.argv[2])
+assert sb.commands.run("cat /work/file").stdout == "parent\\n"
+sb.commands.run("echo other >> /work/file", check=True)
+print(sb.pause())
+"""
+
+
+def test_embedded_fork_and_pause_without_snapshot_dir() -> None:
+    """Without snapshot_dir= (fork and pause raised ValueError then), the client keeps the
+    snapshots in a private directory of its own: kept while the parent, a child or a paused
+    sandbox not yet resumed needs it, in this process or another, then removed."""
+    root = _snapshots.root()
+    before = set(os.listdir(root))
+    running: List[Sandbox] = []
+    try:
+        sb = Sandbox()
+        running.append(sb)
+        (d,) = [os.path.join(root, n) for n in set(os.listdir(root)) - before]
+        assert stat.S_IMODE(os.stat(d).st_mode) == 0o700 and stat.S_IMODE(os.stat(root).st_mode) == 0o700
+        sb.commands.run("mkdir -p /work && echo parent > /work/file", check=True)
+        (child,) = sb.fork()
+        running.append(child)
+        sb.kill()
+        assert os.path.isdir(d), "removed while a child of the parent runs"
+        assert child.commands.run("cat /work/file").stdout == "parent\n"
+        episode = child.pid
+        resume_id = child.pause()
+        assert os.path.dirname(resume_id) == d
+        wait_until(lambda: not alive(episode), 60, "the paused child's episode ended")
+        assert os.path.isdir(d), "removed with a paused sandbox not yet resumed"
+        out = subprocess.run([sys.executable, "-c", RESUME_ELSEWHERE, PYTHON_DIR, resume_id], check=True,
+                             capture_output=True, text=True, timeout=600).stdout
+        again_id = out.strip().splitlines()[-1]
+        assert os.path.dirname(again_id) == d, out
+        assert os.path.isdir(d), "removed with a paused sandbox (paused by a process that ended) not yet resumed"
+        again = Sandbox.resume(again_id)
+        running.append(again)
+        assert again.commands.run("cat /work/file").stdout == "parent\nother\n"
+        again.kill()
+        assert not os.path.exists(d), "left behind with nothing needing it"
+    finally:
+        for s in running:
+            s.kill()

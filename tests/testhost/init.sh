@@ -22,6 +22,11 @@ fail() {
     reboot -f
 }
 
+# Loopback, as any booted system has it (the kernel gives lo 127.0.0.1/8 and ::1 when it goes
+# up): without it a server CMD starts on 127.0.0.1 (agentvm serve --listen tcp:...) is
+# unreachable to its clients in the same run (ENETUNREACH).
+ip link set lo up || fail "ip link set lo up failed"
+
 # Without ACPI, QEMU's microvm names its virtio-mmio devices on the kernel command line
 # (virtio_mmio.device=...); a module loaded by insmod gets them as arguments.
 MMIO=
