@@ -405,42 +405,40 @@ def out_of_order(server):
             f"{server.healthy('out-of-order input')}")
 
 
-def upload_when_sandbox_deleted(server):
-    # Issue 31, item 6: the sandbox ends between two chunks of an upload (deleted here, dead
-    # by itself below): the upload is answered instead of waiting for ever.
+def upload_cut_short(server, path, end_sandbox):
+    """PUTs 12 MiB to `path` of a new sandbox, 5 MiB at first; end_sandbox(sandbox) ends the
+    sandbox meanwhile; then the rest. The upload must be answered with an error, not left
+    waiting (issue 31, item 6). Returns its status and the start of its body."""
     sandbox = server.create_sandbox()
     s = server.tcp(source="127.0.0.2")
     total = 12 << 20
-    s.sendall(head("PUT", f"/v1/sandboxes/{sandbox}/files?path=/big", total) + b"a" * (5 << 20))
-    time.sleep(0.5)
-    status, _ = server.json_call("DELETE", f"/v1/sandboxes/{sandbox}")
-    expect(status == 200, f"DELETE during the upload: {status}")
-    time.sleep(0.3)
+    s.sendall(head("PUT", f"/v1/sandboxes/{sandbox}/files?path={path}", total) + b"a" * (5 << 20))
+    end_sandbox(sandbox)
     try:
         s.sendall(b"b" * (total - (5 << 20)))
     except OSError:
         pass
     status, body = read_answer(s, 10)
     s.close()
-    expect(status is not None and status >= 400, f"the upload after its sandbox was deleted: {status} {body[:200]!r}")
+    expect(status is not None and status >= 400, f"the upload to {path} after its sandbox ended: {status} "
+                                                 f"{body[:200]!r}")
     return f"answered {status} {body[:80]!r}"
 
 
+def upload_when_sandbox_deleted(server):
+    def delete(sandbox):
+        time.sleep(0.5)
+        status, _ = server.json_call("DELETE", f"/v1/sandboxes/{sandbox}")
+        expect(status == 200, f"DELETE during the upload: {status}")
+        time.sleep(0.3)
+
+    return upload_cut_short(server, "/big", delete)
+
+
 def upload_when_sandbox_dies(server):
-    sandbox = server.create_sandbox()
-    s = server.tcp(source="127.0.0.2")
-    total = 12 << 20
-    s.sendall(head("PUT", f"/v1/sandboxes/{sandbox}/files?path=/exit-after-chunk", total) + b"a" * (5 << 20))
-    # The fake episode answers the first 4 MiB chunk, then ends; give serve time to see it.
-    time.sleep(1.0)
-    try:
-        s.sendall(b"b" * (total - (5 << 20)))
-    except OSError:
-        pass
-    status, body = read_answer(s, 10)
-    s.close()
-    expect(status is not None and status >= 400, f"the upload after its sandbox died: {status} {body[:200]!r}")
-    return f"answered {status} {body[:80]!r}; {server.healthy('uploads whose sandbox ended')}"
+    # The fake episode answers the first 4 MiB chunk, then ends; serve is given time to see it.
+    said = upload_cut_short(server, "/exit-after-chunk", lambda sandbox: time.sleep(1.0))
+    return f"{said}; {server.healthy('uploads whose sandbox ended')}"
 
 
 def fetch_when_sandbox_dies(server):
