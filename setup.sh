@@ -120,7 +120,7 @@ meson_setup() {
 }
 
 # What the demo runs: the VMM and what goes into the guest's rootfs: 38% of the CPU time of all
-# of build/ (README, Tests: the tests, their guests, agentvm-serve and the bench probe are the
+# of build/ (tests/README.md: the tests, their guests, agentvm-serve and the bench probe are the
 # rest), so `demo` reaches its first result that much sooner.
 readonly demo_targets=(agentvm guest/agentvm-init guest/agent/agentvm-agent)
 # The product's other program: `agentvm serve` runs it (`build`).

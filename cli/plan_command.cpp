@@ -37,7 +37,7 @@ struct Plan {
     double cores = 0;
 };
 
-// The model (README, "Planning a host"): each rollout holds one sandbox for the episode's
+// The model (docs/cli.md, "Planning a host"): each rollout holds one sandbox for the episode's
 // length and makes its tool calls in it. A synchronous RL step starts every rollout at once,
 // so a warm create for each needs a pool as large as the step; a steady stream of rollouts
 // needs only what arrives while one VM restores, twice over.

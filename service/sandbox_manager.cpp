@@ -702,7 +702,7 @@ std::vector<const PausedSandbox*> SandboxManager::paused() const
     return list;
 }
 
-void SandboxManager::remove_paused(const std::string& id, const std::string& reason)
+void SandboxManager::remove_paused(std::string id, const std::string& reason)
 {
     if (!store_ || !store_->paused().contains(id))
         return;

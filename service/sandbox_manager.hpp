@@ -88,7 +88,8 @@ public:
     void resume(const std::string& id, CreateDone done);
     const PausedSandbox* find_paused(const std::string& id) const;
     std::vector<const PausedSandbox*> paused() const;
-    void remove_paused(const std::string& id, const std::string& reason);
+    // By value: a caller may pass the id of the very record it removes.
+    void remove_paused(std::string id, const std::string& reason);
     static Json describe_paused(const PausedSandbox& paused);
     // The pool a create without one uses: the only pool, or "default".
     std::string default_pool() const;

@@ -276,7 +276,7 @@ void SnapshotStore::add_paused(PausedSandbox record)
     paused_[record.id] = std::move(record);
 }
 
-void SnapshotStore::remove_paused(const std::string& id)
+void SnapshotStore::remove_paused(std::string id)
 {
     auto it = paused_.find(id);
     if (it == paused_.end())

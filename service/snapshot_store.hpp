@@ -80,7 +80,8 @@ public:
     // Writes the record (atomically: a temporary file renamed) and holds its snapshot. Throws Error.
     void add_paused(PausedSandbox record);
     // Removes the record and drops its hold.
-    void remove_paused(const std::string& id);
+    // By value: a caller may pass the id of the very record it removes.
+    void remove_paused(std::string id);
 
     // Bytes of data a snapshot's files store (a sparse file's allocated blocks).
     static uint64_t stored_bytes(const std::string& path);

@@ -25,7 +25,7 @@ from .errors import (SANDBOX_DEATH_CODES, AgentvmError, CallTimeout, SandboxDied
 from .models import byte_field
 
 STDERR_TAIL = 64 * 1024
-# Episode exit statuses (docs/protocol.md, "When the episode fails"; README, exit statuses).
+# Episode exit statuses (docs/protocol.md, "When the episode fails"; docs/cli.md, exit statuses).
 _EXIT_CODES = {3: "vm_died", 4: "vm_died", 5: "episode_timeout"}
 _CANCELLABLE = ("exec", "shell", "run_code")
 _ANSWERED_WITH = re.compile(r"answered with error '([a-z_]+)'")

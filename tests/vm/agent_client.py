@@ -33,7 +33,7 @@ def boot(agentvm, tmp, *args):
 
 def stop_with_sigterm(proc):
     """SIGTERM to agentvm, as a user's ^C or a supervisor would send; returns whether it ended
-    the way the README says (128 + SIGTERM)."""
+    the way docs/cli.md says (128 + SIGTERM)."""
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
     return proc.wait(timeout=120) == 128 + signal.SIGTERM
