@@ -201,9 +201,14 @@ TEST_CASE("run_code: cells take turns, beside exec calls; the interpreter outliv
     const std::string marker = "3000." + std::to_string(::getpid()) + "1";
     {
         Client client(agent);
-        // Two cells pipelined run in order; an exec sent after them answers first (the first
-        // cell takes 2 s, so that it does even on a loaded machine).
-        client.send({{"id", 1}, {"op", "run_code"}, {"code", "import time\ntime.sleep(2)\norder = [1]"}});
+        // Two cells pipelined run in order; an exec sent after them answers while the first
+        // still runs: that cell waits for a file the test makes only once the exec has
+        // answered, so the order holds however loaded the machine is.
+        const std::string go = "/tmp/agentvm-turns-" + std::to_string(::getpid());
+        std::filesystem::remove(go);
+        client.send({{"id", 1},
+                     {"op", "run_code"},
+                     {"code", "import os, time\nwhile not os.path.exists('" + go + "'): time.sleep(0.01)\norder = [1]"}});
         client.send({{"id", 2}, {"op", "run_code"}, {"code", "order.append(2)\norder"}});
         client.send({{"id", 3}, {"op", "exec"}, {"argv", {"true"}}});
         std::vector<int> answered;
@@ -213,7 +218,10 @@ TEST_CASE("run_code: cells take turns, beside exec calls; the interpreter outliv
             answered.push_back(line["id"].get<int>());
             if (line["id"] == 2)
                 second = line;
+            if (line["id"] == 3)
+                std::ofstream(go) << "go";
         }
+        std::filesystem::remove(go);
         CHECK(answered == std::vector<int>{3, 1, 2});
         CHECK(second["result"] == "[1, 2]");
 
