@@ -35,8 +35,15 @@ class Episode:
         self.stderr = self.proc.stderr.read()
 
     def send_raw(self, data):
-        self.proc.stdin.write(data)
-        self.proc.stdin.flush()
+        try:
+            self.proc.stdin.write(data)
+            self.proc.stdin.flush()
+        except BrokenPipeError:
+            # The episode has ended: say why, in its own words, rather than only that it did.
+            code = self.proc.wait(10)
+            time.sleep(0.5)  # its stderr reader takes the rest
+            raise BrokenPipeError(f"the episode exited {code} before this request: "
+                                  f"{self.stderr.decode(errors='replace')[-2000:]}") from None
 
     def send(self, request):
         """Sends a request (an id is added when missing) and returns its id."""
