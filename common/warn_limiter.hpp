@@ -48,18 +48,26 @@ private:
     uint64_t suppressed_ = 0;
 };
 
-// spdlog::warn through a WarnLimiter, for anything a guest can trigger at will.
-template <typename... Args>
-void guest_warn(WarnLimiter& limiter, fmt::format_string<Args...> format, Args&&... args)
+// spdlog::warn through a WarnLimiter of the message `describe()` makes, which runs only when
+// the warning is let through (a message costly to make, such as a dump of a huge line).
+template <typename Describe>
+void guest_warn_with(WarnLimiter& limiter, Describe&& describe)
 {
     uint64_t suppressed = 0;
     if (!limiter.allow(&suppressed))
         return;
-    const std::string message = fmt::format(format, std::forward<Args>(args)...);
+    const std::string message = describe();
     if (suppressed != 0)
         spdlog::warn("{} ({} similar warnings suppressed)", message, suppressed);
     else
         spdlog::warn("{}", message);
+}
+
+// spdlog::warn through a WarnLimiter, for anything a guest can trigger at will.
+template <typename... Args>
+void guest_warn(WarnLimiter& limiter, fmt::format_string<Args...> format, Args&&... args)
+{
+    guest_warn_with(limiter, [&] { return fmt::format(format, std::forward<Args>(args)...); });
 }
 
 } // namespace agentvm

@@ -175,11 +175,10 @@ void Sandbox::on_line(std::string&& line)
     line.shrink_to_fit();
     if (!message.is_object() || !message.contains("id") || !message["id"].is_number_unsigned()) {
         // Dumped only when logged: the line may be hundreds of MiB.
-        uint64_t suppressed = 0;
-        if (stray_lines_.allow(&suppressed))
-            spdlog::warn("sandbox {}: a line about no call of ours: {:.200}{}", settings_.id,
-                         message.dump(-1, ' ', false, Json::error_handler_t::replace),
-                         suppressed ? fmt::format(" ({} similar warnings suppressed)", suppressed) : "");
+        guest_warn_with(stray_lines_, [&] {
+            return fmt::format("sandbox {}: a line about no call of ours: {:.200}", settings_.id,
+                               message.dump(-1, ' ', false, Json::error_handler_t::replace));
+        });
         return;
     }
     const uint64_t id = message["id"].get<uint64_t>();
