@@ -143,6 +143,9 @@ class Server:
             except OSError as e:
                 expect(False, f"after {after}: a healthy client on {name} got {e!r}")
             expect(status == 200, f"after {after}: healthz on {name} answered {status}")
+        status, listing = self.json_call("GET", "/v1/sandboxes")
+        left = [sb["id"] for sb in json.loads(listing)["sandboxes"]] if status == 200 else listing
+        expect(left == [], f"after {after}: sandboxes no answer named, or not deleted, are left: {left}")
         # Closing is serve's next turn after the client's close, or the header deadline's
         # sweep; on a loaded machine (CI runs tests two at a time) that can take seconds.
         deadline = time.monotonic() + 30
@@ -157,10 +160,16 @@ class Server:
         return f"{fds} fds, {rss // 1024} MiB"
 
     def request(self, raw, timeout=5, unix=False):
+        """One raw request's answer. A create it makes is deleted at once: the groups count the
+        descriptors each sandbox holds against serve, and `healthy` wants none left."""
         s = self.raw_unix() if unix else self.tcp(source="127.0.0.2")
         try:
             s.sendall(raw)
-            return read_answer(s, timeout)
+            status, answer = read_answer(s, timeout)
+            created = re.search(rb'"id":"(sb-[0-9a-f]+)"', answer) if status == 201 else None
+            if created:
+                self.json_call("DELETE", f"/v1/sandboxes/{created.group(1).decode()}")
+            return status, answer
         except (ConnectionResetError, BrokenPipeError):
             return None, b""
         except Failed as e:
