@@ -4,25 +4,12 @@
 
 namespace agentvm {
 
-int status_for_agent_error(const std::string& code)
-{
-    if (code == "bad_json" || code == "missing_field" || code == "bad_field" || code == "unknown_op"
-        || code == "line_too_long")
-        return 400;
-    if (code == "not_found" || code == "spawn_failed" || code == "io")
-        return 422;  // the request was well-formed; the guest could not do it
-    if (code == "vm_died" || code == "agent_died" || code == "watchdog" || code == "stopped"
-        || code == "episode_timeout")
-        return 502;  // the sandbox's VM failed under the call
-    return 500;
-}
-
 void respond_agent_error(HttpExchange& exchange, const Json& answer)
 {
     const Json& error = answer["error"];
     const std::string code = error.is_object() ? error.value("code", "internal") : "internal";
     const std::string message = error.is_object() ? error.value("message", "") : "";
-    exchange.respond_error(status_for_agent_error(code), code, message);
+    exchange.respond_agent_error(code, message);
 }
 
 namespace {
@@ -78,10 +65,9 @@ std::string ndjson_line(const Json& message)
 
 } // namespace
 
-void relay_call(SandboxManager& manager, const std::shared_ptr<Sandbox>& sandbox,
-                const std::shared_ptr<HttpExchange>& exchange, Json request, Json summary, bool stream)
+void relay_call(const std::shared_ptr<Sandbox>& sandbox, const std::shared_ptr<HttpExchange>& exchange,
+                Json request, Json summary, bool stream)
 {
-    const auto started = Sandbox::Clock::now();
     if (stream)
         request["stream"] = "only";
     auto pacer = std::make_shared<StreamPacer>(sandbox, exchange);
@@ -92,8 +78,7 @@ void relay_call(SandboxManager& manager, const std::shared_ptr<Sandbox>& sandbox
         exchange->write(ndjson_line(event));
         pacer->after_write();
     };
-    handlers.on_answer = [&manager, exchange, pacer, stream, started](Json&& answer) {
-        manager.count_call(answer, std::chrono::duration<double>(Sandbox::Clock::now() - started).count());
+    handlers.on_answer = [exchange, pacer, stream](Json&& answer) {
         pacer->release();
         if (stream) {
             if (answer.contains("error") && answer["error"].is_object()) {

@@ -1,7 +1,7 @@
 // Runs one agent call in a sandbox for one HTTP request and answers it (docs/api.md,
 // "Calls"): the whole result as JSON, or, when streamed, NDJSON lines (each event, then the
 // result) as they come, with backpressure: while the client has more than a few MiB unread,
-// the sandbox's output waits. An agent error becomes an HTTP error with its code.
+// the sandbox's output waits. An agent error is answered in the facade's error shape.
 #pragma once
 
 #include <memory>
@@ -12,15 +12,13 @@
 
 namespace agentvm {
 
-// The HTTP status for an agent or episode error code (docs/api.md, "Errors").
-int status_for_agent_error(const std::string& code);
-// {"error":{"code","message"}} (the agent's shape) as serve's {"error": code, "message"}.
+// Answers `exchange` with the agent's {"error":{"code","message"}}, in its facade's shape.
 void respond_agent_error(HttpExchange& exchange, const Json& answer);
 
 // Sends `request` to the sandbox and answers `exchange` with its result; `stream` asks for
 // NDJSON (the agent is then asked for "stream":"only").
-void relay_call(SandboxManager& manager, const std::shared_ptr<Sandbox>& sandbox,
-                const std::shared_ptr<HttpExchange>& exchange, Json request, Json summary, bool stream);
+void relay_call(const std::shared_ptr<Sandbox>& sandbox, const std::shared_ptr<HttpExchange>& exchange,
+                Json request, Json summary, bool stream);
 
 // `handlers` of a call that answers `exchange`, each made unable to throw: an exception one
 // lets out fails that request (HttpExchange::fail) instead of leaving through the sandbox's

@@ -4,7 +4,7 @@
 
 #include <fmt/format.h>
 
-#include "service/api_error.hpp"
+#include "service/problem.hpp"
 
 namespace agentvm {
 std::chrono::seconds sandbox_seconds(const Json& value, const char* name)
@@ -36,7 +36,7 @@ CreateRequest parse_create_request(const std::string& body)
         return request;
     const Json json = Json::parse(body, nullptr, false);
     if (!json.is_object())
-        throw ApiError(400, "bad_json", "the body must be a JSON object");
+        throw RefusedRequest(ServiceError::bad_json, "the body must be a JSON object");
     for (const auto& [key, value] : json.items()) {
         if (key == "pool" || key == "template") {
             // "template" as E2B's clients name it: a template pool is named by the template.

@@ -17,10 +17,10 @@ inline constexpr size_t max_metadata_entries = 64;
 inline constexpr size_t max_env_entries = 256;
 
 // A sandbox's timeout or idle_timeout: seconds from 1 to max_sandbox_timeout_s, rounded.
-// Throws ApiError (400) naming the field.
+// Throws RefusedRequest (bad_json, bad_field) naming the field.
 std::chrono::seconds sandbox_seconds(const Json& value, const char* name);
 
-// Throws ApiError (400) naming the field at fault.
+// Throws RefusedRequest (bad_json, bad_field) naming the field at fault.
 CreateRequest parse_create_request(const std::string& body);
 
 } // namespace agentvm

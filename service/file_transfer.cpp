@@ -30,9 +30,8 @@ public:
     void start()
     {
         if (!sandbox_.lock()->claim_upload(path_))
-            return exchange_->respond_error(409, "upload_in_progress",
-                                            fmt::format("{} is being uploaded already; wait for that upload to end",
-                                                        path_));
+            return exchange_->refuse(ServiceError::upload_in_progress,
+                                     fmt::format("{} is being uploaded already; wait for that upload to end", path_));
         claimed_ = true;
         Json summary{{"op", "write_file"}, {"path", path_}};
         if (mode_)

@@ -17,11 +17,9 @@
 #include <filesystem>
 
 #include <fmt/format.h>
-#include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
 #include "common/error.hpp"
-#include "service/local_client.hpp"
 
 namespace agentvm {
 
@@ -38,15 +36,6 @@ constexpr auto deadline_sweep_period = std::chrono::seconds(1);
 // dropped up to this much, so that its answer can be sent once it is whole (MHD queues an
 // answer only before the body or after it); a longer rest closes the connection instead.
 constexpr uint64_t max_body_dropped = uint64_t{64} << 20;
-
-// Compares without an early exit, so the time taken says nothing of where a guess went wrong.
-bool same_secret(std::string_view a, std::string_view b)
-{
-    unsigned char diff = a.size() == b.size() ? 0 : 1;
-    for (size_t i = 0; i < a.size(); ++i)
-        diff |= static_cast<unsigned char>(a[i] ^ (i < b.size() ? b[i] : 0));
-    return diff == 0;
-}
 
 // Runs handler code where MHD called us: an exception it lets out fails this request alone.
 // Thrown on through MHD's C frames to the loop, it would end serve and every sandbox with it.
@@ -167,16 +156,51 @@ void HttpExchange::respond(int status, std::string body, const char* content_typ
     wake();
 }
 
-void HttpExchange::respond_error(int status, const std::string& code, const std::string& message,
-                                 std::optional<int> retry_after_s)
+std::optional<std::string> HttpExchange::basic_auth_password() const
+{
+    if (!connection_)
+        return std::nullopt;
+    char* password = nullptr;
+    char* user = MHD_basic_auth_get_username_password(connection_, &password);
+    std::optional<std::string> out = password ? std::optional<std::string>(password) : std::nullopt;
+    MHD_free(user);
+    MHD_free(password);
+    return out;
+}
+
+bool HttpExchange::from_unix_socket() const
+{
+    if (!connection_)
+        return false;
+    const MHD_ConnectionInfo* info = MHD_get_connection_info(connection_, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+    return info && info->client_addr && info->client_addr->sa_family == AF_UNIX;
+}
+
+void HttpExchange::respond_with(const ErrorWriter::Answer& answer, std::optional<int> retry_after_s)
 {
     if (answered_)
         return;
     answered_ = true;
-    const nlohmann::json error{{"error", code}, {"message", message}};
-    answer_ = Answer{status, error.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n",
-                     "application/json", retry_after_s, false};
+    answer_ = Answer{answer.status, answer.body, answer.content_type, retry_after_s, false};
     wake();
+}
+
+void HttpExchange::refuse(const Refusal& refusal)
+{
+    if (!errors_) {  // only a request that failed before its admission
+        respond(500, "internal error\n", "text/plain");
+        return;
+    }
+    respond_with(errors_->refusal(refusal), refusal.retry_after_s);
+}
+
+void HttpExchange::respond_agent_error(const std::string& code, const std::string& message)
+{
+    if (!errors_) {
+        respond(500, "internal error\n", "text/plain");
+        return;
+    }
+    respond_with(errors_->agent_error(code, message), std::nullopt);
 }
 
 void HttpExchange::fail(const std::exception& error)
@@ -185,7 +209,7 @@ void HttpExchange::fail(const std::exception& error)
     if (answered_)
         abort();
     else
-        respond_error(500, "internal", error.what());
+        refuse(ServiceError::internal, error.what());
 }
 
 void HttpExchange::start_stream(int status, const char* content_type)
@@ -288,8 +312,8 @@ long HttpExchange::read_stream(uint64_t /*pos*/, char* buffer, size_t max)
     return static_cast<long>(n);
 }
 
-HttpServer::HttpServer(EventLoop& loop, std::vector<Fd> listeners, Options options, Handler handler)
-    : loop_(loop), options_(std::move(options)), handler_(std::move(handler))
+HttpServer::HttpServer(EventLoop& loop, std::vector<Fd> listeners, Options options)
+    : loop_(loop), options_(std::move(options))
 {
     deadline_timer_.emplace(loop_, [this] { sweep_deadlines(); });
     // Each listener its share: a flood of connections on one leaves the others served.
@@ -370,7 +394,7 @@ void HttpServer::finish_requests(std::function<void()> done)
     const std::vector<HttpExchange*> open(requests_.begin(), requests_.end());
     for (HttpExchange* exchange : open) {
         if (!exchange->answered_)
-            exchange->respond_error(503, "shutting_down", "serve is stopping");
+            exchange->refuse(ServiceError::shutting_down, "serve is stopping");
     }
     request_finished();
 }
@@ -451,36 +475,15 @@ void HttpServer::run_daemon(Daemon& daemon)
         daemon.timer->cancel();
 }
 
-bool HttpServer::authorized(MHD_Connection* connection) const
+void HttpServer::admit(HttpExchange& exchange)
 {
-    if (!options_.token)
-        return true;
-    if (const char* value = MHD_lookup_connection_value(connection, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION)) {
-        const std::string_view header(value);
-        constexpr std::string_view bearer = "Bearer ";
-        if (header.starts_with(bearer))
-            return same_secret(header.substr(bearer.size()), *options_.token);
-    }
-    char* password = nullptr;
-    char* user = MHD_basic_auth_get_username_password(connection, &password);
-    const bool ok = password && same_secret(password, *options_.token);
-    MHD_free(user);
-    MHD_free(password);
-    return ok;
-}
-
-bool HttpServer::local_client(MHD_Connection* connection) const
-{
-    if (options_.token)
-        return true;
-    const char* origin = MHD_lookup_connection_value(connection, MHD_HEADER_KIND, MHD_HTTP_HEADER_ORIGIN);
-    if (origin && !is_loopback_origin(origin))
-        return false;
-    const MHD_ConnectionInfo* info = MHD_get_connection_info(connection, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
-    if (info && info->client_addr && info->client_addr->sa_family == AF_UNIX)
-        return true;
-    const char* host = MHD_lookup_connection_value(connection, MHD_HEADER_KIND, MHD_HTTP_HEADER_HOST);
-    return host && is_loopback_host(host);
+    Admission admission = options_.admit(exchange);
+    exchange.errors_ = admission.errors;
+    exchange.handler_ = std::move(admission.handler);
+    exchange.max_body_ = admission.max_body;
+    exchange.body_streams_ = admission.streams_body;
+    if (admission.refusal)
+        exchange.refuse(*admission.refusal);
 }
 
 bool HttpServer::handle(MHD_Connection* connection, const char* url, const char* method, const char* upload_data,
@@ -494,37 +497,10 @@ bool HttpServer::handle(MHD_Connection* connection, const char* url, const char*
         requests_.insert(&exchange);
         if (Connection* tracked = connection_of(connection))
             tracked->headers_due.reset();  // the headers are whole
-        exchange.body_streams_ = options_.streams_body && options_.streams_body(exchange.method_, exchange.path_);
-        exchange.max_body_ = options_.max_body;
-        if (options_.larger_body)
-            exchange.max_body_ = options_.larger_body(exchange.method_, exchange.path_).value_or(options_.max_body);
-        if (!authorized(connection)) {
-            exchange.respond_error(401, "unauthorized",
-                                   "a valid token is required: 'Authorization: Bearer TOKEN', or TOKEN as the "
-                                   "password of HTTP Basic auth");
-        } else if (!local_client(connection)) {
-            exchange.respond_error(403, "forbidden",
-                                   "without a token serve takes requests from this host's own clients only: the "
-                                   "Host must name a loopback address, and an Origin must be a loopback one");
-        } else if (const char* coding = MHD_lookup_connection_value(connection, MHD_HEADER_KIND,
-                                                                    MHD_HTTP_HEADER_TRANSFER_ENCODING);
-                   coding && ::strcasecmp(coding, "chunked") != 0) {
-            // MHD reads any other coding's body until the client closes, so the request
-            // would never end while the client waits for its answer (RFC 9112 6.1: 501).
-            exchange.respond_error(501, "unsupported_transfer_encoding",
-                                   fmt::format("Transfer-Encoding '{:.64}' is not supported: send the body with a "
-                                               "Content-Length or chunked", coding));
-        } else if (const char* length = MHD_lookup_connection_value(connection, MHD_HEADER_KIND,
-                                                                    MHD_HTTP_HEADER_CONTENT_LENGTH)) {
-            errno = 0;
-            char* end = nullptr;
-            const unsigned long long bytes = std::strtoull(length, &end, 10);
-            if (errno == 0 && end != length && *end == '\0' && bytes > exchange.max_body_ && !exchange.body_streams_)
-                exchange.respond_error(413, "body_too_large",
-                                       fmt::format("the request body is {} bytes; at most {} are taken here", bytes,
-                                                   exchange.max_body_));
-        }
-        // Answered already (401, 413): queued now, so MHD closes the connection after it
+        guarded(exchange, [&] { admit(exchange); });
+        if (!exchange.answer_)
+            refuse_unreadable_body(exchange);
+        // Answered already (401, 413, 501): queued now, so MHD closes the connection after it
         // instead of reading a body nobody wants.
         if (!exchange.answer_ && exchange.body_streams_)
             dispatch(*held);
@@ -550,8 +526,8 @@ bool HttpServer::handle(MHD_Connection* connection, const char* url, const char*
     if (!exchange.dispatched_ && !exchange.answer_) {  // answered already: serve is stopping
         exchange.dispatched_ = true;
         if (exchange.body_too_large_) {
-            exchange.respond_error(413, "body_too_large",
-                                   fmt::format("the request body is over {} bytes", exchange.max_body_));
+            exchange.refuse(ServiceError::body_too_large,
+                            fmt::format("the request body is over {} bytes", exchange.max_body_));
         } else {
             dispatch(*held);
         }
@@ -559,10 +535,33 @@ bool HttpServer::handle(MHD_Connection* connection, const char* url, const char*
     return answer_or_wait(exchange);
 }
 
+void HttpServer::refuse_unreadable_body(HttpExchange& exchange)
+{
+    MHD_Connection* connection = exchange.connection_;
+    if (const char* coding = MHD_lookup_connection_value(connection, MHD_HEADER_KIND, MHD_HTTP_HEADER_TRANSFER_ENCODING);
+        coding && ::strcasecmp(coding, "chunked") != 0) {
+        // MHD reads any other coding's body until the client closes, so the request would
+        // never end while the client waits for its answer (RFC 9112 6.1: 501).
+        return exchange.refuse(ServiceError::unsupported_transfer_encoding,
+                               fmt::format("Transfer-Encoding '{:.64}' is not supported: send the body with a "
+                                           "Content-Length or chunked", coding));
+    }
+    const char* length = MHD_lookup_connection_value(connection, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+    if (!length || exchange.body_streams_)
+        return;
+    errno = 0;
+    char* end = nullptr;
+    const unsigned long long bytes = std::strtoull(length, &end, 10);
+    if (errno == 0 && end != length && *end == '\0' && bytes > exchange.max_body_)
+        exchange.refuse(ServiceError::body_too_large,
+                        fmt::format("the request body is {} bytes; at most {} are taken here", bytes,
+                                    exchange.max_body_));
+}
+
 void HttpServer::dispatch(const std::shared_ptr<HttpExchange>& exchange)
 {
     exchange->dispatched_ = true;
-    guarded(*exchange, [&] { handler_(exchange); });
+    guarded(*exchange, [&] { exchange->handler_(exchange); });
 }
 
 bool HttpServer::answer_or_wait(HttpExchange& exchange)
@@ -631,8 +630,6 @@ bool HttpServer::queue(HttpExchange& exchange)
     MHD_add_response_header(response, MHD_HTTP_HEADER_CONTENT_TYPE, answer.content_type.c_str());
     if (answer.retry_after_s)
         MHD_add_response_header(response, MHD_HTTP_HEADER_RETRY_AFTER, std::to_string(*answer.retry_after_s).c_str());
-    if (answer.status == 401)
-        MHD_add_response_header(response, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Basic realm=\"agentvm\"");
     for (const auto& [name, value] : exchange.extra_headers_)
         MHD_add_response_header(response, name.c_str(), value.c_str());
     const MHD_Result queued = MHD_queue_response(exchange.connection_, static_cast<unsigned>(answer.status), response);

@@ -3,18 +3,14 @@
 // epoll fd watched, its timeout on a LoopTimer, no thread of its own) and turns its callbacks
 // into one HttpExchange per request.
 //
-// A request reaches the handler once its body has arrived whole, at most max_body bytes (a
-// Content-Length over it is answered 413 before the body is read), or, for the requests
-// Options::streams_body picks (file uploads), as soon as its headers have: its body then
-// comes piece by piece, with backpressure, through read_body. The handler answers at
-// once or later (the connection waits, suspended, costing no thread), with a whole body or a
-// stream written piece by piece with backpressure. Every request is authenticated first when
-// a token is set: "Authorization: Bearer TOKEN", or TOKEN as the password of Basic auth (any
-// user name), else 401 with a JSON error. Without a token, a request must come from this
-// host's own clients (local_client.hpp says why): an Origin header, if any, must be a
-// loopback origin, and on TCP the Host must name a loopback address, else 403 (a Unix
-// socket, which no browser reaches, needs no Host). Both checks live here, beside the token's,
-// so that no handler ever sees a request they refuse.
+// Once a request's headers are whole, Options::admit (serve's Router) decides who answers it:
+// the handler, the error shape, the body's limit and whether it streams, or a refusal at the
+// door (authentication). The request reaches its handler once its body has arrived whole, at
+// most max_body bytes (a Content-Length over it is answered 413 before the body is read), or,
+// for a streamed body (file uploads), as soon as its headers have: its body then comes piece
+// by piece, with backpressure, through read_body. The handler answers at once or later (the
+// connection waits, suspended, costing no thread), with a whole body or a stream written
+// piece by piece with backpressure.
 //
 // Connections are bounded (Options): in number, per listener and per client address, and in
 // time, a request's headers being due header_timeout after the connection was accepted
@@ -38,6 +34,7 @@
 #include "common/fd.hpp"
 #include "core/event_loop.hpp"
 #include "core/loop_timer.hpp"
+#include "service/problem.hpp"
 
 struct MHD_Daemon;
 struct MHD_Connection;
@@ -45,6 +42,20 @@ struct MHD_Connection;
 namespace agentvm {
 
 class HttpServer;
+
+// How a facade writes an error: the status and body of a refusal, and of an error the guest's
+// agent answered a call with (docs/protocol.md's codes).
+class ErrorWriter {
+public:
+    struct Answer {
+        int status;
+        std::string body;
+        const char* content_type;
+    };
+    virtual ~ErrorWriter() = default;
+    virtual Answer refusal(const Refusal& refusal) const = 0;
+    virtual Answer agent_error(const std::string& code, const std::string& message) const = 0;
+};
 
 // One request and its answer. Lives until both the handler has let go of it and MHD has
 // finished the request; gone() says the client went away first.
@@ -56,14 +67,20 @@ public:
     // A request header or query argument, while the request runs (nullopt once gone()).
     std::optional<std::string> header(const char* name) const;
     std::optional<std::string> query(const char* name) const;
+    // The password of HTTP Basic auth, when the request carries one.
+    std::optional<std::string> basic_auth_password() const;
+    // Whether the client came through a Unix socket (it then has no address and no browser).
+    bool from_unix_socket() const;
 
-    // A header for the answer (respond, respond_error or start_stream), set before it.
+    // A header for the answer (respond, refuse or start_stream), set before it.
     void add_header(std::string name, std::string value) { extra_headers_.emplace_back(std::move(name), std::move(value)); }
     // The whole answer, once.
     void respond(int status, std::string body, const char* content_type = "application/json");
-    // A JSON error {"error": code, "message": message}, with Retry-After when given.
-    void respond_error(int status, const std::string& code, const std::string& message,
-                       std::optional<int> retry_after_s = std::nullopt);
+    // An error, in the shape of the request's facade, with Retry-After when the refusal has one.
+    void refuse(const Refusal& refusal);
+    void refuse(ServiceError code, const std::string& message) { refuse(Refusal{code, message, std::nullopt}); }
+    // An error the guest's agent answered the request's call with.
+    void respond_agent_error(const std::string& code, const std::string& message);
 
     // A streamed answer: start once, write pieces, then finish. buffered() is what the client
     // has not taken yet; on_drained runs (once per set) when it falls below low_water.
@@ -83,8 +100,8 @@ public:
     // so the client sees the body is incomplete.
     void abort();
 
-    // Ends the request after a failure of serve's own, logged: 500 "internal" when nothing
-    // was answered yet, else the stream is cut (abort).
+    // Ends the request after a failure of serve's own, logged: "internal" when nothing was
+    // answered yet, else the stream is cut (abort).
     void fail(const std::exception& error);
 
     bool answered() const { return answered_; }
@@ -112,6 +129,7 @@ private:
     {
     }
     void wake();
+    void respond_with(const ErrorWriter::Answer& answer, std::optional<int> retry_after_s);
     long read_stream(uint64_t pos, char* buffer, size_t max);
 
     HttpServer* server_;
@@ -119,6 +137,8 @@ private:
     std::string method_;
     std::string path_;
     std::string body_;
+    const ErrorWriter* errors_ = nullptr;  // the facade's, from admission
+    std::function<void(const std::shared_ptr<HttpExchange>&)> handler_;
     bool body_too_large_ = false;
     size_t max_body_ = 0;
     bool body_streams_ = false;
@@ -147,11 +167,17 @@ class HttpServer {
 public:
     using Handler = std::function<void(const std::shared_ptr<HttpExchange>&)>;
 
-    struct Options {
-        std::optional<std::string> token;  // required of every request when set
+    // Who answers a request, decided from its head (method, path, headers) alone.
+    struct Admission {
+        const ErrorWriter* errors = nullptr;  // must outlive the server
+        Handler handler;
         size_t max_body = size_t{1} << 20;
-        // A larger limit for some requests (SandboxFusion's /run_code carries files in JSON).
-        std::function<std::optional<size_t>(std::string_view method, std::string_view path)> larger_body;
+        bool streams_body = false;      // handed over as it arrives (read_body), no max_body
+        std::optional<Refusal> refusal;  // refused at the door: answered, never handled
+    };
+
+    struct Options {
+        std::function<Admission(HttpExchange& head)> admit;
         // Connections open at once, over all listeners (each listener gets its share, so a
         // flood on one leaves the others served); past it a new one is closed at once.
         // serve sizes it from its descriptor limit (serve.cpp, connection_budget).
@@ -167,13 +193,11 @@ public:
         // kept-alive connection the next request's headers must be whole idle_timeout after
         // the previous answer.
         std::chrono::seconds header_timeout{10};
-        // Requests whose body is handed over as it arrives (no max_body), not whole.
-        std::function<bool(std::string_view method, std::string_view path)> streams_body;
     };
 
     // Serves on each listening socket (already bound and listening; see listen_unix and
     // listen_tcp) until destroyed.
-    HttpServer(EventLoop& loop, std::vector<Fd> listeners, Options options, Handler handler);
+    HttpServer(EventLoop& loop, std::vector<Fd> listeners, Options options);
     ~HttpServer();
     HttpServer(const HttpServer&) = delete;
     HttpServer& operator=(const HttpServer&) = delete;
@@ -205,8 +229,9 @@ private:
     void request_finished();
     bool handle(MHD_Connection* connection, const char* url, const char* method, const char* upload_data,
                size_t* upload_data_size, void** context);
-    bool authorized(MHD_Connection* connection) const;
-    bool local_client(MHD_Connection* connection) const;
+    void admit(HttpExchange& exchange);
+    // 501 for a body MHD cannot delimit, 413 for a Content-Length over the admitted limit.
+    void refuse_unreadable_body(HttpExchange& exchange);
     bool queue(HttpExchange& exchange);
     void dispatch(const std::shared_ptr<HttpExchange>& exchange);
     bool answer_or_wait(HttpExchange& exchange);
@@ -214,7 +239,6 @@ private:
 
     EventLoop& loop_;
     Options options_;
-    Handler handler_;
     std::vector<std::unique_ptr<Daemon>> daemons_;
     // Every open connection, and every request MHD has not finished yet (suspended ones
     // included: MHD_stop_daemon aborts the process if one is left suspended).

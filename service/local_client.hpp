@@ -2,7 +2,7 @@
 // then listens on loopback or a Unix socket only, but a browser on this host reaches a
 // loopback port too, for any web page it shows: by a cross-site request (a form's POST to
 // /run_code, carrying the page's Origin) or by DNS rebinding (the attacker's name made to
-// resolve to 127.0.0.1, carried in Host). HttpServer refuses both with these checks.
+// resolve to 127.0.0.1, carried in Host). client_auth.cpp refuses both with these checks.
 #pragma once
 
 #include <string_view>

@@ -117,12 +117,16 @@ uint64_t Sandbox::call(Json request, std::optional<Json> summary, CallHandlers h
         for (const auto& [name, value] : settings_.env)
             exports += " " + name + "=" + shell_quote(value);
         send(Json{{"op", "shell"}, {"cmd", exports}},
-             Call{CallHandlers{[](Json&&) {}, [](Json&&) {}}, std::nullopt, false, true});
+             Call{.handlers = CallHandlers{[](Json&&) {}, [](Json&&) {}},
+                  .history_seq = std::nullopt,
+                  .counts_as_activity = false,
+                  .shell = true,
+                  .users = false});
     }
     std::optional<uint64_t> seq;
     if (summary)
         seq = history_.begin(std::move(*summary));
-    return send(std::move(request), Call{std::move(handlers), seq, true, op == "shell"});
+    return send(std::move(request), Call{.handlers = std::move(handlers), .history_seq = seq, .shell = op == "shell"});
 }
 
 uint64_t Sandbox::send(Json request, Call call)
@@ -132,6 +136,7 @@ uint64_t Sandbox::send(Json request, Call call)
     for (auto& [key, value] : request.items())
         line[key] = std::move(value);
     last_activity_ = Clock::now();
+    call.sent = last_activity_;
     calls_.emplace(id, std::move(call));
     if (!ended_why_.empty()) {
         // A caller that still held the sandbox (an upload between chunks, a fetch's next
@@ -164,7 +169,9 @@ bool Sandbox::cancel(uint64_t seq, std::function<void(Json&& answer)> on_answer)
     if (it == calls_.end())
         return false;
     send(Json{{"op", "cancel"}, {"call", it->first}},
-         Call{CallHandlers{[](Json&&) {}, std::move(on_answer)}, std::nullopt, false});
+         Call{.handlers = CallHandlers{[](Json&&) {}, std::move(on_answer)},
+              .history_seq = std::nullopt,
+              .counts_as_activity = false});
     return true;
 }
 
@@ -210,11 +217,18 @@ void Sandbox::on_line(std::string&& line)
     };
     if (call.shell && (said("timed_out") || said("cancelled")))
         shell_env_sent_ = false;
-    CallHandlers handlers = std::move(call.handlers);
-    if (call.history_seq)
-        history_.end(*call.history_seq, message);
+    Call done = std::move(call);
     calls_.erase(it);
-    handlers.on_answer(std::move(message));
+    answered(done, message);
+    done.handlers.on_answer(std::move(message));
+}
+
+void Sandbox::answered(Call& call, Json& answer)
+{
+    if (call.history_seq)
+        history_.end(*call.history_seq, answer);
+    if (call.users && hooks_.on_call_answered)
+        hooks_.on_call_answered(answer, Clock::now() - call.sent);
 }
 
 void Sandbox::on_exit(int wait_status)
@@ -242,8 +256,7 @@ void Sandbox::fail_calls()
     calls_.clear();
     for (auto& [id, call] : calls) {
         Json answer{{"error", {{"code", "vm_died"}, {"message", "the sandbox's VM ended: " + ended_why_}}}};
-        if (call.history_seq)
-            history_.end(*call.history_seq, answer);
+        answered(call, answer);
         call.handlers.on_answer(std::move(answer));
     }
 }
@@ -278,26 +291,20 @@ void Sandbox::release_output()
         episode_->resume_output();
 }
 
-Json Sandbox::describe() const
+Sandbox::Status Sandbox::status() const
 {
     const auto expires_wall = assigned_wall_ + std::chrono::duration_cast<std::chrono::system_clock::duration>(
                                                    deadline_ - assigned_at_);
-    Json info{{"id", settings_.id},
-              {"pool", pool_},
-              {"state", stopping() ? "stopping" : "running"},
-              {"start", settings_.warm ? "warm" : "cold"},
-              {"restored", restored_},
-              {"pid", episode_->pid()},
-              {"create_ms", settings_.create_time.count()},
-              {"created_at", unix_seconds(assigned_wall_)},
-              {"expires_at", unix_seconds(expires_wall)},
-              {"timeout", settings_.timeout.count()},
-              {"idle_timeout", settings_.idle_timeout ? Json(settings_.idle_timeout->count()) : Json(nullptr)},
-              {"metadata", settings_.metadata},
-              {"calls_running", std::count_if(calls_.begin(), calls_.end(),
-                                              [](const auto& entry) { return entry.second.counts_as_activity; })},
-              {"calls", history_.total()}};
-    return info;
+    return Status{stopping(),
+                  settings_.warm,
+                  restored_,
+                  episode_->pid(),
+                  settings_.create_time,
+                  assigned_wall_,
+                  expires_wall,
+                  static_cast<size_t>(std::count_if(calls_.begin(), calls_.end(),
+                                                    [](const auto& entry) { return entry.second.counts_as_activity; })),
+                  history_.total()};
 }
 
 } // namespace agentvm

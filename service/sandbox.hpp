@@ -39,6 +39,9 @@ public:
         std::function<void(Sandbox&, bool restored)> on_ready;
         // The episode ended (after its calls were answered); the sandbox may be destroyed then.
         std::function<void(Sandbox&, const std::string& why)> on_exit;
+        // Every call of the sandbox's user answered (serve's own are not), whichever facade
+        // or job made it, with the time it took: what metrics count, once per call.
+        std::function<void(const Json& answer, std::chrono::duration<double> took)> on_call_answered;
     };
 
     Sandbox(EventLoop& loop, std::string pool, const std::string& program, const std::vector<std::string>& args,
@@ -102,16 +105,31 @@ public:
     Clock::time_point started() const { return started_; }
     const CallHistory& history() const { return history_; }
     const std::string& stderr_tail() const { return episode_->stderr_tail(); }
-    // The sandbox as docs/api.md shows it.
-    Json describe() const;
+    // What the facades show of a sandbox (docs/api.md, "Sandboxes"), in serve's terms.
+    struct Status {
+        bool stopping;
+        bool warm;  // handed out from a warm pool, not started for its create
+        bool restored;
+        pid_t pid;
+        std::chrono::milliseconds create_time;
+        std::chrono::system_clock::time_point created_at;
+        std::chrono::system_clock::time_point expires_at;
+        size_t calls_running;  // the user's calls, not serve's own
+        uint64_t calls;        // every call recorded, running or answered
+    };
+    Status status() const;
 
 private:
     struct Call {
         CallHandlers handlers;
         std::optional<uint64_t> history_seq;  // none: not recorded
-        bool counts_as_activity = true;       // false: serve's own (the shell's env)
+        bool counts_as_activity = true;       // shown as running (not serve's own, not a cancel)
         bool shell = false;                   // a shell call: one that kills the shell loses the env
+        bool users = true;                    // made for the user (metrics count it), not by serve
+        Clock::time_point sent{};
     };
+    // The call has its answer: recorded, counted, then handed to its handler.
+    void answered(Call& call, Json& answer);
     void on_line(std::string&& line);
     void on_exit(int wait_status);
     uint64_t send(Json request, Call call);

@@ -39,7 +39,7 @@ std::optional<Refusal> below_memory_reserve(uint64_t reserve_mib)
     const uint64_t available = host_available_mib();
     if (available >= reserve_mib)
         return std::nullopt;
-    return Refusal{503, "memory_reserve",
+    return Refusal{ServiceError::memory_reserve,
                    fmt::format("the host has {} MiB available, under the {} MiB reserve (--mem-reserve)", available,
                                reserve_mib),
                    5};
@@ -127,7 +127,10 @@ SandboxManager::Vm& SandboxManager::start_vm(Pool& pool, bool for_pool)
         sandbox = std::make_shared<Sandbox>(
             loop_, pool.config.name, config_.program, args, config_.history_limit,
             Sandbox::Hooks{[this](Sandbox& s, bool) { on_ready(s); },
-                           [this](Sandbox& s, const std::string& why) { on_exit(s, why); }});
+                           [this](Sandbox& s, const std::string& why) { on_exit(s, why); },
+                           [this](const Json& answer, std::chrono::duration<double> took) {
+                               count_call(answer, took.count());
+                           }});
     } catch (const Error&) {
         if (store_)
             store_->remove_outbox(outbox);
@@ -159,7 +162,7 @@ std::optional<Refusal> SandboxManager::admit(Pool& pool)
             break;
         }
         if (!evicted)
-            return Refusal{429, "at_capacity",
+            return Refusal{ServiceError::at_capacity,
                            fmt::format("{} VMs are running, the most --max-sandboxes allows", live_vms()), 1};
     }
     return below_memory_reserve(config_.mem_reserve_mib);
@@ -173,14 +176,14 @@ void SandboxManager::create(const std::string& pool_name, Sandbox::Settings sett
         std::vector<std::string> names;
         for (const auto& [name, p] : pools_)
             names.push_back(name);
-        const Refusal refusal{404, "unknown_pool",
+        const Refusal refusal{ServiceError::unknown_pool,
                               fmt::format("no pool named \"{}\" (serve has: {})", pool_name, fmt::join(names, ", ")),
                               std::nullopt};
         return done(nullptr, &refusal);
     }
     if (draining_) {
         ++refusals_["draining"];
-        const Refusal refusal{503, "draining", "serve is shutting down", std::nullopt};
+        const Refusal refusal{ServiceError::draining, "serve is shutting down", std::nullopt};
         return done(nullptr, &refusal);
     }
     while (!pool->warm.empty()) {
@@ -194,7 +197,7 @@ void SandboxManager::create(const std::string& pool_name, Sandbox::Settings sett
         return;
     }
     if (auto refusal = admit(*pool)) {
-        ++refusals_[refusal->code];
+        ++refusals_[std::string(error_name(refusal->code))];
         return done(nullptr, &*refusal);
     }
     Vm* vm = nullptr;
@@ -202,7 +205,7 @@ void SandboxManager::create(const std::string& pool_name, Sandbox::Settings sett
         vm = &start_vm(*pool, false);
     } catch (const Error& e) {
         ++failures_["start_failed"];
-        const Refusal refusal{500, "start_failed", e.what(), std::nullopt};
+        const Refusal refusal{ServiceError::start_failed, e.what(), std::nullopt};
         return done(nullptr, &refusal);
     }
     vm->waiting = std::move(done);
@@ -292,7 +295,7 @@ void SandboxManager::on_exit(Sandbox& sandbox, const std::string& why)
             pool.next_refill = Sandbox::Clock::now() + backoff;
         }
         if (vm.waiting) {
-            const Refusal refusal{500, "start_failed", "the sandbox's VM did not start: " + why, std::nullopt};
+            const Refusal refusal{ServiceError::start_failed, "the sandbox's VM did not start: " + why, std::nullopt};
             vm.waiting(nullptr, &refusal);
         }
     }
@@ -459,12 +462,12 @@ void SandboxManager::prune_restore_pool(Pool& pool)
 std::optional<Refusal> SandboxManager::admit_restores(unsigned count)
 {
     if (!store_)
-        return Refusal{501, "unavailable", "this serve keeps no snapshots (it was started without --state-dir)",
+        return Refusal{ServiceError::unavailable, "this serve keeps no snapshots (it was started without --state-dir)",
                        std::nullopt};
     if (draining_)
-        return Refusal{503, "draining", "serve is shutting down", std::nullopt};
+        return Refusal{ServiceError::draining, "serve is shutting down", std::nullopt};
     if (live_vms() + count > config_.max_sandboxes)
-        return Refusal{429, "at_capacity",
+        return Refusal{ServiceError::at_capacity,
                        fmt::format("{} VMs are running and {} more would pass --max-sandboxes {}", live_vms(), count,
                                    config_.max_sandboxes),
                        1};
@@ -513,7 +516,7 @@ void SandboxManager::fork(Sandbox& parent, unsigned count, ForkDone done)
     take_snapshot(parent, "fork", [this, count, base, pool_name, done = std::move(done)](const std::string& path,
                                                                                        const std::string& error) {
         if (path.empty()) {
-            const Refusal refusal{500, "snapshot_failed", "the parent's live snapshot failed: " + error, std::nullopt};
+            const Refusal refusal{ServiceError::snapshot_failed, "the parent's live snapshot failed: " + error, std::nullopt};
             return done({}, &refusal);
         }
         if (auto refusal = admit_restores(count)) {
@@ -538,7 +541,7 @@ void SandboxManager::fork(Sandbox& parent, unsigned count, ForkDone done)
             try {
                 vm = &start_vm(pool, false);
             } catch (const Error& e) {
-                batch->refusal = Refusal{500, "start_failed", e.what(), std::nullopt};
+                batch->refusal = Refusal{ServiceError::start_failed, e.what(), std::nullopt};
                 batch->waiting -= count - i;
                 break;
             }
@@ -578,12 +581,12 @@ void SandboxManager::fork(Sandbox& parent, unsigned count, ForkDone done)
 void SandboxManager::pause(Sandbox& sandbox, PauseDone done)
 {
     if (!store_) {
-        const Refusal refusal{501, "unavailable", "this serve keeps no snapshots (it was started without --state-dir)",
+        const Refusal refusal{ServiceError::unavailable, "this serve keeps no snapshots (it was started without --state-dir)",
                               std::nullopt};
         return done(nullptr, &refusal);
     }
     if (sandbox.running_calls() > 0) {
-        const Refusal refusal{409, "busy",
+        const Refusal refusal{ServiceError::busy,
                               fmt::format("{} call(s) are running: a paused sandbox would lose their answers; pause "
                                           "between calls",
                                           sandbox.running_calls()),
@@ -594,18 +597,18 @@ void SandboxManager::pause(Sandbox& sandbox, PauseDone done)
     take_snapshot(sandbox, "pause", [this, weak, done = std::move(done)](const std::string& path,
                                                                           const std::string& error) {
         auto s = weak.lock();
-        const auto refuse = [&](int status, const std::string& code, const std::string& message) {
+        const auto refuse = [&](ServiceError code, const std::string& message) {
             if (!path.empty()) {
                 store_->hold(path);
                 store_->release(path);
             }
-            const Refusal refusal{status, code, message, std::nullopt};
+            const Refusal refusal{code, message, std::nullopt};
             done(nullptr, &refusal);
         };
         if (path.empty())
-            return refuse(500, "snapshot_failed", "the sandbox's live snapshot failed: " + error);
+            return refuse(ServiceError::snapshot_failed, "the sandbox's live snapshot failed: " + error);
         if (!s || s->stopping() || !by_id_.contains(s->id()))
-            return refuse(409, "ended", "the sandbox ended while it was being paused");
+            return refuse(ServiceError::ended, "the sandbox ended while it was being paused");
         const Sandbox::Settings& settings = s->settings();
         const int64_t now = std::chrono::duration_cast<std::chrono::seconds>(
                                 std::chrono::system_clock::now().time_since_epoch())
@@ -625,7 +628,7 @@ void SandboxManager::pause(Sandbox& sandbox, PauseDone done)
         try {
             store_->add_paused(record);
         } catch (const Error& e) {
-            return refuse(500, "snapshot_failed", e.what());
+            return refuse(ServiceError::snapshot_failed, e.what());
         }
         remove(*s, "paused");
         spdlog::info("sandbox {} paused: {} bytes on disk", record.id, record.disk_bytes);
@@ -637,11 +640,11 @@ void SandboxManager::resume(const std::string& id, CreateDone done)
 {
     const PausedSandbox* record = find_paused(id);
     if (!record) {
-        const Refusal refusal{404, "not_found", fmt::format("no paused sandbox {}", id), std::nullopt};
+        const Refusal refusal{ServiceError::not_found, fmt::format("no paused sandbox {}", id), std::nullopt};
         return done(nullptr, &refusal);
     }
     if (resuming_.contains(id)) {
-        const Refusal refusal{409, "resuming", fmt::format("sandbox {} is being resumed already", id), std::nullopt};
+        const Refusal refusal{ServiceError::resuming, fmt::format("sandbox {} is being resumed already", id), std::nullopt};
         return done(nullptr, &refusal);
     }
     if (auto refusal = admit_restores(1))
@@ -652,7 +655,7 @@ void SandboxManager::resume(const std::string& id, CreateDone done)
         vm = &start_vm(pool, false);
     } catch (const Error& e) {
         prune_restore_pool(pool);
-        const Refusal refusal{500, "start_failed", e.what(), std::nullopt};
+        const Refusal refusal{ServiceError::start_failed, e.what(), std::nullopt};
         return done(nullptr, &refusal);
     }
     store_->hold(record->snapshot);
@@ -671,7 +674,7 @@ void SandboxManager::resume(const std::string& id, CreateDone done)
             // Its DELETE was answered "deleted" (remove_paused): it must not run on.
             by_id_.erase(id);
             sandbox->stop("deleted");
-            const Refusal deleted{409, "ended", fmt::format("sandbox {} was deleted while it was being resumed", id),
+            const Refusal deleted{ServiceError::ended, fmt::format("sandbox {} was deleted while it was being resumed", id),
                                   std::nullopt};
             return done(nullptr, &deleted);
         }
@@ -711,19 +714,6 @@ void SandboxManager::remove_paused(std::string id, const std::string& reason)
         deleted_while_resuming_.insert(id);
     store_->remove_paused(id);
     remember_end(id, reason);
-}
-
-Json SandboxManager::describe_paused(const PausedSandbox& paused)
-{
-    return Json{{"id", paused.id},
-                {"pool", paused.pool},
-                {"state", "paused"},
-                {"paused_at", paused.paused_at},
-                {"retain_until", paused.retain_until},
-                {"disk_bytes", paused.disk_bytes},
-                {"timeout", paused.timeout_s},
-                {"idle_timeout", paused.idle_timeout_s ? Json(*paused.idle_timeout_s) : Json(nullptr)},
-                {"metadata", paused.metadata}};
 }
 
 void SandboxManager::count_call(const Json& answer, double seconds)

@@ -20,6 +20,7 @@
 #include "core/event_loop.hpp"
 #include "core/loop_timer.hpp"
 #include "service/metrics.hpp"
+#include "service/problem.hpp"
 #include "service/sandbox.hpp"
 #include "service/snapshot_store.hpp"
 
@@ -45,7 +46,7 @@ struct ManagerConfig {
     // pause or resume.
     std::string state_dir;
     std::chrono::seconds paused_retention{7 * 86400};
-    // SandboxFusion's /run_code and /run_jupyter (service/fusion_job.hpp), whose answers serve
+    // SandboxFusion's /run_code and /run_jupyter (service/fusion/fusion_job.hpp), whose answers serve
     // builds whole: the bytes of fetch_files one request brings back, all files together
     // (--fusion-fetch-max), and what one run, or all the cells of one request together, keep
     // of each output stream (--fusion-output-max).
@@ -54,14 +55,6 @@ struct ManagerConfig {
 };
 
 inline constexpr unsigned max_fork_count = 64;
-
-// Why a create could not be served: the HTTP status and error it becomes.
-struct Refusal {
-    int status;
-    std::string code;
-    std::string message;
-    std::optional<int> retry_after_s;
-};
 
 class SandboxManager {
 public:
@@ -90,7 +83,6 @@ public:
     std::vector<const PausedSandbox*> paused() const;
     // By value: a caller may pass the id of the very record it removes.
     void remove_paused(std::string id, const std::string& reason);
-    static Json describe_paused(const PausedSandbox& paused);
     // The pool a create without one uses: the only pool, or "default".
     std::string default_pool() const;
     const ManagerConfig& config() const { return config_; }
@@ -109,11 +101,11 @@ public:
     // stopped; `done` runs when the last has ended.
     void drain(std::chrono::milliseconds grace, std::function<void()> done);
 
-    // Calls' outcomes, for /metrics.
-    void count_call(const Json& answer, double seconds);
     std::string metrics_text() const;
 
 private:
+    // A call's outcome, for /metrics (Sandbox::Hooks::on_call_answered).
+    void count_call(const Json& answer, double seconds);
     struct Pool {
         PoolConfig config;
         std::deque<Sandbox*> warm;  // ready, not handed out

@@ -22,7 +22,7 @@
 #include "common/fd.hpp"
 #include "core/event_loop.hpp"
 #include "core/loop_timer.hpp"
-#include "service/api.hpp"
+#include "service/served_apis.hpp"
 #include "service/http_server.hpp"
 #include "templates/template_store.hpp"
 
@@ -171,16 +171,13 @@ int run_serve(const ServeConfig& config)
 
     EventLoop loop;
     SandboxManager manager(loop, config.sandboxes);
-    ServiceApi api(manager);
+    ServedApis apis(manager, config.token);
     HttpServer::Options options;
-    options.token = config.token;
+    options.admit = [&apis](HttpExchange& head) { return apis.admit(head); };
     options.max_connections = connection_budget(config.sandboxes.max_sandboxes);
     const unsigned listener_share = std::max(1u, options.max_connections / static_cast<unsigned>(listeners.size()));
     options.max_connections_per_address = std::max(1u, listener_share / per_address_share);
-    options.streams_body = &ServiceApi::streams_body;
-    options.larger_body = &ServiceApi::larger_body;
-    HttpServer server(loop, std::move(listeners), options,
-                      [&api](const std::shared_ptr<HttpExchange>& exchange) { api.handle(exchange); });
+    HttpServer server(loop, std::move(listeners), options);
     int stop_signal = 0;
     bool stopping_now = false;
     // A VM that outlives even its SIGKILL (Sandbox::stop_patience) does not hold serve up.

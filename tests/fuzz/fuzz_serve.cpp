@@ -1,7 +1,7 @@
 // Fuzzes serve's request handling where a hostile client reaches it: the input is what one
 // client sends on one connection (request line, headers and body; several requests when it
 // pipelines them), written over a Unix socket to the real HttpServer (libmicrohttpd
-// in-process, driven by the event loop) with the real ServiceApi and SandboxManager behind it,
+// in-process, driven by the event loop) with the real facades (ServedApis) and SandboxManager behind it,
 // as `agentvm serve --no-auth` runs them. Requests about a sandbox need one: one runs at all
 // times, its VM a shell script standing in for `agentvm episode` that answers every call with
 // success, and "$SB" in the input stands for its id. The client shuts down its sending side
@@ -33,7 +33,7 @@
 #include "core/async_writer.hpp"
 #include "core/event_loop.hpp"
 #include "core/loop_timer.hpp"
-#include "service/api.hpp"
+#include "service/served_apis.hpp"
 #include "service/http_server.hpp"
 #include "service/sandbox_manager.hpp"
 #include "tests/fuzz/fuzz_support.hpp"
@@ -80,18 +80,14 @@ public:
         config.max_sandboxes = 1;
         config.mem_reserve_mib = 0;
         manager_ = std::make_unique<SandboxManager>(loop_, config);
-        api_ = std::make_unique<ServiceApi>(*manager_);
+        apis_ = std::make_unique<ServedApis>(*manager_, std::nullopt);
         HttpServer::Options options;
+        options.admit = [this](HttpExchange& head) { return apis_->admit(head); };
         // Connections of inputs given up on (incomplete requests) are closed soon after.
         options.idle_timeout = std::chrono::seconds(1);
-        options.streams_body = &ServiceApi::streams_body;
-        options.larger_body = &ServiceApi::larger_body;
         std::vector<Fd> listeners;
         listeners.push_back(listen_unix(socket_path_));
-        server_ = std::make_unique<HttpServer>(loop_, std::move(listeners), options,
-                                               [this](const std::shared_ptr<HttpExchange>& exchange) {
-                                                   api_->handle(exchange);
-                                               });
+        server_ = std::make_unique<HttpServer>(loop_, std::move(listeners), options);
     }
 
     // The sandbox "$SB" names: the one left by the inputs before, else a new one.
@@ -113,7 +109,7 @@ public:
             manager_->create("default", Sandbox::Settings{}, [&](Sandbox* sandbox, const Refusal* refusal) {
                 answered = true;
                 if (refusal)
-                    refused = refusal->code + ": " + refusal->message;
+                    refused = std::string(error_name(refusal->code)) + ": " + refusal->message;
                 else
                     sandbox_id_ = sandbox->id();
                 if (waiting)
@@ -197,7 +193,7 @@ private:
     std::string socket_path_;
     EventLoop loop_;
     std::unique_ptr<SandboxManager> manager_;
-    std::unique_ptr<ServiceApi> api_;
+    std::unique_ptr<ServedApis> apis_;
     std::unique_ptr<HttpServer> server_;
     std::string sandbox_id_;
 };

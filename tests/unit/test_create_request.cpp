@@ -1,8 +1,8 @@
 // POST /v1/sandboxes' body: defaults, every field, and a 400 naming each mistake.
 #include <doctest/doctest.h>
 
-#include "service/api_error.hpp"
 #include "service/create_request.hpp"
+#include "service/problem.hpp"
 
 using namespace agentvm;
 
@@ -12,9 +12,8 @@ std::string refusal(const std::string& body)
 {
     try {
         parse_create_request(body);
-    } catch (const ApiError& e) {
-        CHECK(e.status == 400);
-        return e.code + ": " + e.what();
+    } catch (const RefusedRequest& e) {
+        return std::string(error_name(e.code)) + ": " + e.what();
     }
     return "accepted";
 }

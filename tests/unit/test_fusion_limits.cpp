@@ -7,8 +7,8 @@
 
 #include <string>
 
-#include "service/fusion_job.hpp"
-#include "service/run_jupyter.hpp"
+#include "service/fusion/fusion_job.hpp"
+#include "service/fusion/run_jupyter.hpp"
 
 using namespace agentvm;
 

@@ -44,12 +44,14 @@ exit 4)");
     std::vector<Json> answers;
     std::optional<std::string> ended;
     Sandbox* ready = nullptr;
+    std::vector<Json> counted;
     Sandbox sandbox(loop, "default", program.path, {}, 8,
                     Sandbox::Hooks{[&](Sandbox& s, bool) { ready = &s; },
                                    [&](Sandbox&, const std::string& why) {
                                        ended = why;
                                        loop.stop();
-                                   }});
+                                   },
+                                   [&](const Json& answer, auto) { counted.push_back(answer); }});
     LoopTimer deadline(loop, [&] { loop.stop(); });
     deadline.arm(std::chrono::seconds(10));
     LoopTimer start_calls(loop, [&] {
@@ -73,6 +75,60 @@ exit 4)");
     CHECK(history[0]["result"]["stdout"] == "hi");
     CHECK(history[1]["error"]["code"] == "vm_died");
     CHECK(sandbox.running_calls() == 0);
+    // Both counted once, the one the episode's end failed too.
+    REQUIRE(counted.size() == 2);
+    CHECK(counted[1]["error"]["code"] == "vm_died");
+}
+
+TEST_CASE("every call of the user's is counted once, a cancel and an unrecorded one too; serve's own env export is not")
+{
+    const FakeAgentvm program(R"(echo '{"event":"ready","restored":false}'
+read export
+echo '{"id":1,"exit_code":0}'
+read shell
+read unrecorded
+echo '{"id":3,"mode":420}'
+read cancel
+echo '{"id":4,"running":true}'
+echo '{"id":2,"exit_code":0,"cancelled":true}'
+read last)");
+    EventLoop loop;
+    std::vector<Json> counted;
+    std::vector<double> took;
+    int answers = 0;
+    Sandbox sandbox(
+        loop, "default", program.path, {}, 8,
+        Sandbox::Hooks{[&](Sandbox& s, bool) {
+                           Sandbox::Settings settings;
+                           settings.id = "sb-1";
+                           settings.env = {{"A", "1"}};
+                           s.assign(settings);
+                           const CallHandlers handlers{[](Json&&) {}, [&](Json&&) {
+                                                           if (++answers == 3)
+                                                               loop.stop();
+                                                       }};
+                           s.call(Json{{"op", "shell"}, {"cmd", "sleep 9"}}, Json{{"op", "shell"}}, handlers);
+                           s.call(Json{{"op", "stat"}, {"path", "/"}}, std::nullopt, handlers);
+                           const uint64_t seq = *s.history_seq_of(2);
+                           s.cancel(seq, [&](Json&&) {
+                               if (++answers == 3)
+                                   loop.stop();
+                           });
+                       },
+                       [&](Sandbox&, const std::string&) { loop.stop(); },
+                       [&](const Json& answer, std::chrono::duration<double> t) {
+                           counted.push_back(answer);
+                           took.push_back(t.count());
+                       }});
+    LoopTimer deadline(loop, [&] { loop.stop(); });
+    deadline.arm(std::chrono::seconds(10));
+    loop.run();
+    REQUIRE(counted.size() == 3);
+    CHECK(counted[0]["mode"] == 420);        // the stat, recorded in no history
+    CHECK(counted[1]["running"] == true);    // the cancel
+    CHECK(counted[2]["cancelled"] == true);  // the shell, after the export serve sent first
+    for (double t : took)
+        CHECK(t >= 0.0);
 }
 
 namespace {
@@ -93,7 +149,8 @@ std::vector<Json> run_episode(const FakeAgentvm& program, const std::function<vo
                                    [&](Sandbox&, const std::string& w) {
                                        why = w;
                                        loop.stop();
-                                   }});
+                                   },
+                                   {}});
     LoopTimer deadline(loop, [&] { loop.stop(); });
     deadline.arm(std::chrono::seconds(60));
     loop.run();
@@ -201,7 +258,8 @@ exit 4)");
                                                                loop.stop();
                                                            }});
                                        in_call = false;
-                                   }});
+                                   },
+                                   {}});
     LoopTimer deadline(loop, [&] { loop.stop(); });
     deadline.arm(std::chrono::seconds(10));
     loop.run();

@@ -75,10 +75,10 @@ TEST_CASE("a paused sandbox deleted while it resumes does not run on, and its re
 
     std::optional<std::string> outcome;
     manager.resume("sb-1", [&](Sandbox* sandbox, const Refusal* refusal) {
-        outcome = sandbox ? std::string("resumed") : refusal->code;
+        outcome = sandbox ? std::string("resumed") : std::string(error_name(refusal->code));
     });
     CHECK(manager.restore_pools() == 1);
-    // The API answers this DELETE "deleted" (ServiceApi::paused_request).
+    // The API answers this DELETE "deleted" (NativeApi::paused_request).
     manager.remove_paused("sb-1", "deleted");
     run_for(loop, std::chrono::milliseconds(2000));
 
@@ -99,7 +99,7 @@ TEST_CASE("a resumed sandbox runs under its id; its restore pool is forgotten on
 
     std::optional<std::string> outcome;
     manager.resume("sb-2", [&](Sandbox* sandbox, const Refusal* refusal) {
-        outcome = sandbox ? std::string("resumed") : refusal->code;
+        outcome = sandbox ? std::string("resumed") : std::string(error_name(refusal->code));
     });
     run_for(loop, std::chrono::milliseconds(1500));
     REQUIRE(outcome);

@@ -104,7 +104,7 @@ TEST_CASE("a forged snapshot answer is refused, and a forged parent holds nothin
         const Outcome forged = create_and_pause(loop, manager);
         CHECK_FALSE(forged.paused);
         REQUIRE(forged.refusal);
-        CHECK(forged.refusal->code == "snapshot_failed");
+        CHECK(forged.refusal->code == ServiceError::snapshot_failed);
         CHECK(forged.refusal->message.find("not the") != std::string::npos);
         check_untouched(state);
 

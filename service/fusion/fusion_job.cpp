@@ -1,4 +1,4 @@
-#include "service/fusion_job.hpp"
+#include "service/fusion/fusion_job.hpp"
 
 #include <cmath>
 #include <filesystem>
@@ -7,7 +7,7 @@
 #include <fmt/format.h>
 
 #include "common/base64.hpp"
-#include "service/api_error.hpp"
+#include "service/problem.hpp"
 
 namespace agentvm {
 namespace {
@@ -72,7 +72,7 @@ Json fusion_body(const std::string& text)
 {
     Json body = Json::parse(text, nullptr, false);
     if (!body.is_object())
-        throw ApiError(400, "bad_json", "the body must be a JSON object");
+        throw RefusedRequest(ServiceError::bad_json, "the body must be a JSON object");
     return body;
 }
 
@@ -130,8 +130,7 @@ void FusionJob::start(double lifetime_s, Json metadata)
     settings.metadata = std::move(metadata);
     manager_.create(manager_.default_pool(), std::move(settings), [self](Sandbox* sandbox, const Refusal* refusal) {
         if (refusal)
-            return self->exchange_->respond_error(refusal->status, refusal->code, refusal->message,
-                                                  refusal->retry_after_s);
+            return self->exchange_->refuse(*refusal);
         self->sandbox_ = self->manager_.find(sandbox->id());
         self->sandbox_id_ = sandbox->id();
         self->make_dirs();

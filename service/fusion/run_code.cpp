@@ -1,12 +1,12 @@
-#include "service/run_code.hpp"
+#include "service/fusion/run_code.hpp"
 
 #include <map>
 
 #include <fmt/format.h>
 
-#include "service/api_error.hpp"
+#include "service/problem.hpp"
 #include "service/create_request.hpp"
-#include "service/fusion_job.hpp"
+#include "service/fusion/fusion_job.hpp"
 
 namespace agentvm {
 namespace {
@@ -110,12 +110,7 @@ private:
                  {"max_output", output_max()}};
         if (request_.stdin_text)
             put_bytes(run, "stdin", *request_.stdin_text);
-        const auto started = Sandbox::Clock::now();
-        send(std::move(run), [self, started](Json&& answer) {
-            self->manager().count_call(answer,
-                                       std::chrono::duration<double>(Sandbox::Clock::now() - started).count());
-            self->ran(std::move(answer));
-        });
+        send(std::move(run), [self](Json&& answer) { self->ran(std::move(answer)); });
     }
 
     void ran(Json&& answer)

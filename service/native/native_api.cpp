@@ -1,16 +1,15 @@
-#include "service/api.hpp"
+#include "service/native/native_api.hpp"
 
 #include <fmt/format.h>
 
 #include "protocol/json_depth.hpp"
 #include "protocol/utf8.hpp"
-#include "service/api_error.hpp"
 #include "service/call_relay.hpp"
+#include "service/client_auth.hpp"
 #include "service/create_request.hpp"
 #include "service/file_transfer.hpp"
-#include "service/fusion_job.hpp"
-#include "service/run_code.hpp"
-#include "service/run_jupyter.hpp"
+#include "service/native/native_wire.hpp"
+#include "service/problem.hpp"
 
 namespace agentvm {
 namespace {
@@ -20,14 +19,14 @@ constexpr std::string_view sandboxes_prefix = "/v1/sandboxes";
 void require_method(const HttpExchange& exchange, const char* method)
 {
     if (exchange.method() != method)
-        throw ApiError(405, "method_not_allowed", fmt::format("{} takes {}", exchange.path(), method));
+        throw RefusedRequest(ServiceError::method_not_allowed, fmt::format("{} takes {}", exchange.path(), method));
 }
 
 Json json_body(const HttpExchange& exchange)
 {
     Json body = Json::parse(exchange.body(), nullptr, false);
     if (!body.is_object())
-        throw ApiError(400, "bad_json", "the body must be a JSON object");
+        throw RefusedRequest(ServiceError::bad_json, "the body must be a JSON object");
     return body;
 }
 
@@ -44,11 +43,6 @@ bool removed_if_client_closed(SandboxManager& manager, HttpExchange& exchange, c
         if (auto sandbox = manager.find(id))
             manager.remove(*sandbox, "its creator went away before it was ready");
     return true;
-}
-
-std::string json_text(const Json& value)
-{
-    return value.dump(-1, ' ', false, Json::error_handler_t::replace) + "\n";
 }
 
 // What a history entry keeps of a request's argv or cmd: strings clipped to 1 KiB, arrays to
@@ -76,9 +70,9 @@ std::string file_path(const HttpExchange& exchange)
 {
     std::optional<std::string> file = exchange.query("path");
     if (!file || file->empty())
-        throw ApiError(400, "missing_field", "the file is named by the query argument ?path=");
+        throw RefusedRequest(ServiceError::missing_field, "the file is named by the query argument ?path=");
     if (!is_valid_utf8(*file))
-        throw ApiError(400, "bad_field", "?path= must be UTF-8 once percent-decoded");
+        throw RefusedRequest(ServiceError::bad_field, "?path= must be UTF-8 once percent-decoded");
     return std::move(*file);
 }
 
@@ -102,32 +96,37 @@ std::pair<std::string, std::string> split_sandbox_path(std::string_view rest)
 
 } // namespace
 
-std::optional<size_t> ServiceApi::larger_body(std::string_view method, std::string_view path)
+bool NativeApi::takes(const HttpExchange& /*head*/) const
 {
-    if (method == "POST" && (path == "/run_code" || path == "/run_jupyter"))
-        return max_fusion_body;
-    return std::nullopt;
+    return true;
 }
 
-bool ServiceApi::streams_body(std::string_view method, std::string_view path)
+HttpServer::Admission NativeApi::admit(HttpExchange& head)
 {
-    return method == "PUT" && path.starts_with(sandboxes_prefix) && path.ends_with("/files");
+    HttpServer::Admission admission;
+    admission.errors = &native_errors();
+    admission.handler = [this](const std::shared_ptr<HttpExchange>& exchange) { handle(exchange); };
+    // File uploads stream: their size is bounded by the guest's disk, not by a buffer here.
+    admission.streams_body =
+        head.method() == "PUT" && head.path().starts_with(sandboxes_prefix) && head.path().ends_with("/files");
+    admission.refusal = client_refusal(head, token_);
+    return admission;
 }
 
-void ServiceApi::handle(const std::shared_ptr<HttpExchange>& exchange)
+void NativeApi::handle(const std::shared_ptr<HttpExchange>& exchange)
 {
     try {
         // Before anything parses the body: what is done with a parsed body recurses.
         if (!json_depth_within(exchange->body()))
-            throw ApiError(400, "bad_json",
-                           fmt::format("the body nests arrays and objects deeper than {} levels", max_json_depth));
+            throw RefusedRequest(ServiceError::bad_json,
+                               fmt::format("the body nests arrays and objects deeper than {} levels", max_json_depth));
         route(exchange);
-    } catch (const ApiError& e) {
-        exchange->respond_error(e.status, e.code, e.what());
+    } catch (const RefusedRequest& e) {
+        exchange->refuse(e.code, e.what());
     }
 }
 
-void ServiceApi::route(const std::shared_ptr<HttpExchange>& exchange)
+void NativeApi::route(const std::shared_ptr<HttpExchange>& exchange)
 {
     const std::string& path = exchange->path();
     if (path == "/healthz") {
@@ -138,47 +137,38 @@ void ServiceApi::route(const std::shared_ptr<HttpExchange>& exchange)
         require_method(*exchange, "GET");
         return exchange->respond(200, manager_.metrics_text(), "text/plain; version=0.0.4");
     }
-    if (path == "/run_code") {
-        require_method(*exchange, "POST");
-        return run_code(manager_, exchange);
-    }
-    if (path == "/run_jupyter") {
-        require_method(*exchange, "POST");
-        return run_jupyter(manager_, exchange);
-    }
     if (path == sandboxes_prefix) {
         if (exchange->method() == "POST")
             return create(exchange);
         require_method(*exchange, "GET");
         Json list = Json::array();
         for (const auto& sandbox : manager_.sandboxes())
-            list.push_back(sandbox->describe());
+            list.push_back(sandbox_json(*sandbox));
         for (const PausedSandbox* paused : manager_.paused())
-            list.push_back(SandboxManager::describe_paused(*paused));
+            list.push_back(paused_json(*paused));
         return exchange->respond(200, json_text(Json{{"sandboxes", std::move(list)}}));
     }
     if (path.starts_with(std::string(sandboxes_prefix) + "/")) {
         auto [id, action] = split_sandbox_path(std::string_view(path).substr(sandboxes_prefix.size() + 1));
         return sandbox_request(exchange, id, action);
     }
-    throw ApiError(404, "not_found", fmt::format("no such endpoint: {} {}", exchange->method(), path));
+    throw RefusedRequest(ServiceError::not_found, fmt::format("no such endpoint: {} {}", exchange->method(), path));
 }
 
-void ServiceApi::create(const std::shared_ptr<HttpExchange>& exchange)
+void NativeApi::create(const std::shared_ptr<HttpExchange>& exchange)
 {
     CreateRequest request = parse_create_request(exchange->body());
     const std::string pool = request.pool.empty() ? manager_.default_pool() : request.pool;
     manager_.create(pool, std::move(request.settings),
                     [this, exchange](Sandbox* sandbox, const Refusal* refusal) {
                         if (refusal)
-                            return exchange->respond_error(refusal->status, refusal->code, refusal->message,
-                                                           refusal->retry_after_s);
+                            return exchange->refuse(*refusal);
                         if (!removed_if_client_closed(manager_, *exchange, {sandbox->id()}))
-                            exchange->respond(201, json_text(sandbox->describe()));
+                            exchange->respond(201, json_text(sandbox_json(*sandbox)));
                     });
 }
 
-void ServiceApi::sandbox_request(const std::shared_ptr<HttpExchange>& exchange, const std::string& id,
+void NativeApi::sandbox_request(const std::shared_ptr<HttpExchange>& exchange, const std::string& id,
                                  const std::string& action)
 {
     // Checked first: a request serve cannot carry out is refused whether or not its sandbox runs.
@@ -190,15 +180,15 @@ void ServiceApi::sandbox_request(const std::shared_ptr<HttpExchange>& exchange, 
         return paused_request(exchange, id, action);
     if (!sandbox) {
         if (auto reason = manager_.ended_reason(id))
-            throw ApiError(404, "not_found", fmt::format("sandbox {} has ended ({})", id, *reason));
-        throw ApiError(404, "not_found", fmt::format("no sandbox {}", id));
+            throw RefusedRequest(ServiceError::not_found, fmt::format("sandbox {} has ended ({})", id, *reason));
+        throw RefusedRequest(ServiceError::not_found, fmt::format("no sandbox {}", id));
     }
     const std::string& method = exchange->method();
     if (action.empty()) {
         if (method == "GET")
-            return exchange->respond(200, json_text(sandbox->describe()));
+            return exchange->respond(200, json_text(sandbox_json(*sandbox)));
         require_method(*exchange, "DELETE");
-        Json answer = sandbox->describe();
+        Json answer = sandbox_json(*sandbox);
         answer["state"] = "deleted";
         answer["history"] = sandbox->history().to_json();
         manager_.remove(*sandbox, "deleted");
@@ -226,9 +216,9 @@ void ServiceApi::sandbox_request(const std::shared_ptr<HttpExchange>& exchange, 
         require_method(*exchange, "POST");
         const Json body = json_body(*exchange);
         if (!body.contains("timeout") || body.size() != 1)
-            throw ApiError(400, "bad_field", "the body is {\"timeout\": SECONDS}");
+            throw RefusedRequest(ServiceError::bad_field, "the body is {\"timeout\": SECONDS}");
         sandbox->set_timeout(sandbox_seconds(body["timeout"], "timeout"));
-        return exchange->respond(200, json_text(sandbox->describe()));
+        return exchange->respond(200, json_text(sandbox_json(*sandbox)));
     }
     if (action == "history") {
         require_method(*exchange, "GET");
@@ -240,12 +230,11 @@ void ServiceApi::sandbox_request(const std::shared_ptr<HttpExchange>& exchange, 
         const Json count = body.value("count", Json(1));
         if (body.size() > (body.contains("count") ? 1u : 0u) || !count.is_number_unsigned() || count.get<uint64_t>() == 0 ||
             count.get<uint64_t>() > max_fork_count)
-            throw ApiError(400, "bad_field", fmt::format("the body is {{\"count\": N}}, N from 1 to {}", max_fork_count));
+            throw RefusedRequest(ServiceError::bad_field, fmt::format("the body is {{\"count\": N}}, N from 1 to {}", max_fork_count));
         return manager_.fork(*sandbox, count.get<unsigned>(),
                              [this, exchange](const std::vector<Sandbox*>& children, const Refusal* refusal) {
                                  if (refusal)
-                                     return exchange->respond_error(refusal->status, refusal->code, refusal->message,
-                                                                    refusal->retry_after_s);
+                                     return exchange->refuse(*refusal);
                                  std::vector<std::string> ids;
                                  for (Sandbox* child : children)
                                      ids.push_back(child->id());
@@ -253,7 +242,7 @@ void ServiceApi::sandbox_request(const std::shared_ptr<HttpExchange>& exchange, 
                                      return;
                                  Json list = Json::array();
                                  for (Sandbox* child : children)
-                                     list.push_back(child->describe());
+                                     list.push_back(sandbox_json(*child));
                                  exchange->respond(201, json_text(Json{{"sandboxes", std::move(list)}}));
                              });
     }
@@ -261,24 +250,24 @@ void ServiceApi::sandbox_request(const std::shared_ptr<HttpExchange>& exchange, 
         require_method(*exchange, "POST");
         return manager_.pause(*sandbox, [exchange](const PausedSandbox* paused, const Refusal* refusal) {
             if (refusal)
-                return exchange->respond_error(refusal->status, refusal->code, refusal->message, refusal->retry_after_s);
-            exchange->respond(200, json_text(SandboxManager::describe_paused(*paused)));
+                return exchange->refuse(*refusal);
+            exchange->respond(200, json_text(paused_json(*paused)));
         });
     }
     if (action == "resume")
-        throw ApiError(409, "not_paused", fmt::format("sandbox {} is running, not paused", id));
-    throw ApiError(404, "not_found", fmt::format("no such endpoint: {} {}", method, exchange->path()));
+        throw RefusedRequest(ServiceError::not_paused, fmt::format("sandbox {} is running, not paused", id));
+    throw RefusedRequest(ServiceError::not_found, fmt::format("no such endpoint: {} {}", method, exchange->path()));
 }
 
-void ServiceApi::paused_request(const std::shared_ptr<HttpExchange>& exchange, const std::string& id,
+void NativeApi::paused_request(const std::shared_ptr<HttpExchange>& exchange, const std::string& id,
                                 const std::string& action)
 {
     const PausedSandbox& paused = *manager_.find_paused(id);
     if (action.empty()) {
         if (exchange->method() == "GET")
-            return exchange->respond(200, json_text(SandboxManager::describe_paused(paused)));
+            return exchange->respond(200, json_text(paused_json(paused)));
         require_method(*exchange, "DELETE");
-        Json answer = SandboxManager::describe_paused(paused);
+        Json answer = paused_json(paused);
         answer["state"] = "deleted";
         manager_.remove_paused(id, "deleted");
         return exchange->respond(200, json_text(answer));
@@ -287,26 +276,26 @@ void ServiceApi::paused_request(const std::shared_ptr<HttpExchange>& exchange, c
         require_method(*exchange, "POST");
         return manager_.resume(id, [exchange](Sandbox* sandbox, const Refusal* refusal) {
             if (refusal)
-                return exchange->respond_error(refusal->status, refusal->code, refusal->message, refusal->retry_after_s);
+                return exchange->refuse(*refusal);
             if (exchange->gone())
                 return;  // resumed all the same: it runs under its id
-            exchange->respond(200, json_text(sandbox->describe()));
+            exchange->respond(200, json_text(sandbox_json(*sandbox)));
         });
     }
-    throw ApiError(409, "paused", fmt::format("sandbox {} is paused: resume it first (POST /v1/sandboxes/{}/resume)", id, id));
+    throw RefusedRequest(ServiceError::paused, fmt::format("sandbox {} is paused: resume it first (POST /v1/sandboxes/{}/resume)", id, id));
 }
 
-void ServiceApi::call(const std::shared_ptr<HttpExchange>& exchange, const std::shared_ptr<Sandbox>& sandbox,
+void NativeApi::call(const std::shared_ptr<HttpExchange>& exchange, const std::shared_ptr<Sandbox>& sandbox,
                       const std::string& op)
 {
     Json body = json_body(*exchange);
     for (const char* serves_own : {"id", "op"})
         if (body.contains(serves_own))
-            throw ApiError(400, "bad_field", fmt::format("\"{}\" is serve's to set: leave it out", serves_own));
+            throw RefusedRequest(ServiceError::bad_field, fmt::format("\"{}\" is serve's to set: leave it out", serves_own));
     bool stream = false;
     if (body.contains("stream")) {
         if (!body["stream"].is_boolean())
-            throw ApiError(400, "bad_field", "\"stream\" must be true or false");
+            throw RefusedRequest(ServiceError::bad_field, "\"stream\" must be true or false");
         stream = body["stream"].get<bool>();
         body.erase("stream");
     }
@@ -322,15 +311,15 @@ void ServiceApi::call(const std::shared_ptr<HttpExchange>& exchange, const std::
     Json request{{"op", op}};
     for (auto& [key, value] : body.items())
         request[key] = std::move(value);
-    relay_call(manager_, sandbox, exchange, std::move(request), std::move(summary), stream);
+    relay_call(sandbox, exchange, std::move(request), std::move(summary), stream);
 }
 
-void ServiceApi::cancel(const std::shared_ptr<HttpExchange>& exchange, const std::shared_ptr<Sandbox>& sandbox,
+void NativeApi::cancel(const std::shared_ptr<HttpExchange>& exchange, const std::shared_ptr<Sandbox>& sandbox,
                         const std::string& seq_text)
 {
     const std::optional<uint64_t> seq = positive_integer(seq_text);
     if (!seq || *seq > sandbox->history().total())
-        throw ApiError(404, "not_found", fmt::format("sandbox {} has no call {}", sandbox->id(), seq_text));
+        throw RefusedRequest(ServiceError::not_found, fmt::format("sandbox {} has no call {}", sandbox->id(), seq_text));
     auto on_answer = [exchange](Json&& answer) {
         if (answer.contains("error"))
             return respond_agent_error(*exchange, answer);
@@ -341,7 +330,7 @@ void ServiceApi::cancel(const std::shared_ptr<HttpExchange>& exchange, const std
         exchange->respond(200, json_text(Json{{"running", false}}));
 }
 
-void ServiceApi::file_info(const std::shared_ptr<HttpExchange>& exchange, const std::shared_ptr<Sandbox>& sandbox,
+void NativeApi::file_info(const std::shared_ptr<HttpExchange>& exchange, const std::shared_ptr<Sandbox>& sandbox,
                            const std::string& op, const std::string& file)
 {
     Json request{{"op", op}, {"path", file}};

@@ -1,25 +1,30 @@
-// The service's HTTP API (docs/api.md): routes each request to what answers it.
+// The native API (docs/api.md) as a facade: /healthz, /metrics and /v1/sandboxes, mapped onto
+// SandboxManager's operations. It takes every request no other facade took, so an unknown
+// path is answered here (404, after authentication like any other).
 #pragma once
 
 #include <memory>
-#include <string_view>
+#include <optional>
+#include <string>
 
-#include "service/http_server.hpp"
+#include "service/facade.hpp"
 #include "service/sandbox_manager.hpp"
 
 namespace agentvm {
 
-class ServiceApi {
+class NativeApi : public Facade {
 public:
-    explicit ServiceApi(SandboxManager& manager) : manager_(manager) {}
+    // `token`: what client_auth.hpp requires of every request, when set.
+    NativeApi(SandboxManager& manager, std::optional<std::string> token)
+        : manager_(manager), token_(std::move(token))
+    {
+    }
 
-    void handle(const std::shared_ptr<HttpExchange>& exchange);
-    // The requests whose body streams (HttpServer::Options::streams_body): file uploads.
-    static bool streams_body(std::string_view method, std::string_view path);
-    // The requests that may carry more than HttpServer's max_body: /run_code, /run_jupyter.
-    static std::optional<size_t> larger_body(std::string_view method, std::string_view path);
+    bool takes(const HttpExchange& head) const override;
+    HttpServer::Admission admit(HttpExchange& head) override;
 
 private:
+    void handle(const std::shared_ptr<HttpExchange>& exchange);
     void route(const std::shared_ptr<HttpExchange>& exchange);
     void create(const std::shared_ptr<HttpExchange>& exchange);
     void paused_request(const std::shared_ptr<HttpExchange>& exchange, const std::string& id,
@@ -36,6 +41,7 @@ private:
                    const std::string& op, const std::string& file);
 
     SandboxManager& manager_;
+    std::optional<std::string> token_;
 };
 
 } // namespace agentvm

@@ -34,11 +34,11 @@ struct FusionFiles {
     std::vector<std::string> fetch_files;
 };
 
-// The body as a JSON object; throws ApiError(400, bad_json).
+// The body as a JSON object; throws RefusedRequest (bad_json).
 Json fusion_body(const std::string& text);
-// `files` and `fetch_files` of a body; throws ApiError(400, bad_field).
+// `files` and `fetch_files` of a body; throws RefusedRequest (bad_field).
 FusionFiles parse_fusion_files(const Json& body);
-// A number field within [min, max], or `fallback` when absent; throws ApiError(400, bad_field).
+// A number field within [min, max], or `fallback` when absent; throws RefusedRequest (bad_field).
 double fusion_number(const Json& body, const char* name, double fallback, double min, double max);
 
 // A call's "stdout" or "stderr" (either spelling of docs/protocol.md), empty when it has none

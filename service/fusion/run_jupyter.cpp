@@ -1,13 +1,13 @@
-#include "service/run_jupyter.hpp"
+#include "service/fusion/run_jupyter.hpp"
 
 #include <algorithm>
 #include <limits>
 
 #include <fmt/format.h>
 
-#include "service/api_error.hpp"
+#include "service/problem.hpp"
 #include "service/create_request.hpp"
-#include "service/fusion_job.hpp"
+#include "service/fusion/fusion_job.hpp"
 
 namespace agentvm {
 namespace {
@@ -123,13 +123,10 @@ private:
             return finish("TimeLimitExceeded", "Failed");
         const double timeout = request_.cell_timeout > 0 ? std::min(request_.cell_timeout, left) : left;
         auto self = std::static_pointer_cast<RunJupyterJob>(shared_from_this());
-        const auto cell_started = Sandbox::Clock::now();
         // Each cell may keep what the cells before it left of the request's output.
         const uint64_t max_output = output_left_;
         send(Json{{"op", "run_code"}, {"code", request_.cells[index]}, {"timeout", timeout}, {"max_output", max_output}},
-             [self, index, cell_started, max_output](Json&& answer) {
-                 self->manager().count_call(
-                     answer, std::chrono::duration<double>(Sandbox::Clock::now() - cell_started).count());
+             [self, index, max_output](Json&& answer) {
                  if (answer.contains("error"))
                      return self->sandbox_error(answer["error"].value("message", ""));
                  Json cell = jupyter_cell_result(answer, max_output);
