@@ -9,15 +9,15 @@ emulation, so the tier pays it once. Either way the choice is made here, on ever
 said on stderr when it is the test host.
 
 Exit status: 0 when every EXE passed; the first failing EXE's status (or the runner's own:
-124 timeout, 126 test host died) when one failed; 77 (meson's skip) when an EXE skipped, or
+124 timeout, 126 test host died) when one failed; 1 when an EXE skipped (it found no KVM), or
 when there is neither a usable /dev/kvm nor a test host (a package missing: the runner
-names it), with the reason on stderr. A skip is never reported as a pass.
+names it), with the reason on stderr. The tier runs on every machine: it never skips.
 """
 import os
 import subprocess
 import sys
 
-SKIP = 77
+SKIP = 77  # an EXE's "no KVM here"
 TESTHOST_UNAVAILABLE = 125  # tests/testhost/run: a package it needs is missing
 RUNNER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "testhost", "run")
 
@@ -46,19 +46,22 @@ def run_here(exes):
             failed = code if code > 0 else 128 - code  # killed by a signal: as a shell says it
     if failed is not None:
         return failed
-    return SKIP if skipped else 0
+    if skipped:
+        say("an EXE skipped (above: why): the tier must run, so that is a failure")
+        return 1
+    return 0
 
 
 def run_in_testhost(exes, timeout_s):
     # AGENTVM_IN_TESTHOST: inside, run the EXEs directly whatever is found there, so a test
-    # host that lacks /dev/kvm makes the EXEs skip with their reason instead of nesting again.
+    # host that lacks /dev/kvm makes the EXEs say so (and the tier fail) instead of nesting again.
     env = dict(os.environ, AGENTVM_IN_TESTHOST="1", AGENTVM_TESTHOST_QUIET="1")
     code = subprocess.run([RUNNER, "--timeout", str(timeout_s), "--",
                            sys.executable, os.path.abspath(__file__), *exes],
                           stdin=subprocess.DEVNULL, env=env).returncode
     if code == TESTHOST_UNAVAILABLE:
-        say("skipped: no usable /dev/kvm here and the test host cannot start (reason above)")
-        return SKIP
+        say("failed: no usable /dev/kvm here and the test host cannot start (reason above)")
+        return 1
     if code in (124, 126):
         say(f"the test host runner failed with status {code} (124: timeout, 126: the test host died)")
     return code
