@@ -93,7 +93,7 @@ packages=(
   debootstrap busybox-static e2fsprogs cpio
   skopeo umoci buildah
   qemu-system-x86 linux-image-amd64
-  python3-pytest
+  python3-pytest python3-mypy
 )
 
 install_missing_packages() {

@@ -9,7 +9,10 @@ from __future__ import annotations
 from .errors import (AgentError, AgentvmError, BinaryNotFound, CallTimeout, CommandFailed, NotFound,
                      SandboxDied, ServiceError, StartFailed, Timeout)
 from .models import CommandResult, EntryInfo, Execution, ExecutionError, FileInfo
-from .sandbox import AsyncCommandHandle, AsyncSandbox, CommandHandle, EntryList, Sandbox
+from ._commands import AsyncCommandHandle
+from ._files import EntryList
+from ._lifecycle import AsyncSandbox
+from ._sync import CommandHandle, Sandbox
 
 __version__ = "0.1.0"
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
-from typing import Any, Awaitable, Callable, Dict, Mapping, Optional, Protocol
+from typing import Any, Awaitable, Callable, Dict, Iterator, Mapping, Optional, Protocol, Sequence, Union
 
 from .errors import CallTimeout
 
@@ -12,6 +12,7 @@ MAX_LINE_BYTES = 64 << 20
 MAX_CALL_TIMEOUT = 31536000.0
 MAX_OUTPUT_LIMIT = 64 << 20          # an episode's cap on "max_output"
 DEFAULT_CALL_TIMEOUT = 600.0         # what an episode gives a call without "timeout"
+DEFAULT_START_TIMEOUT = 180.0        # how long creating a sandbox may take
 FILE_CHUNK = 4 << 20                 # write_file chunk size
 # How long past a call's own timeout the client waits for the answer. The episode's watchdog
 # stops a wedged VM 10 s of silence after a call's timeout, so this only fires when the
@@ -23,6 +24,11 @@ ACTIVITY_WINDOW = 10.0
 
 OnEvent = Callable[[Dict[str, Any]], None]
 OnRef = Callable[[Any], None]
+# An upload: the whole of it, or the chunks of a file object as it is read.
+FileData = Union[bytes, Iterator[bytes]]
+# A call's "stream" field: the episode's "only" (events, not the output in the answer too) or
+# serve's true; None sends none.
+StreamValue = Union[str, bool, None]
 
 
 def put_bytes(obj: Dict[str, Any], name: str, data: bytes) -> None:
@@ -34,20 +40,38 @@ def put_bytes(obj: Dict[str, Any], name: str, data: bytes) -> None:
 
 
 class Transport(Protocol):
-    """What a sandbox needs from its transport (embedded episode or HTTP service)."""
+    """What a sandbox needs from its transport: the embedded episode (_episode.py) or a
+    sandbox of ``agentvm serve`` (_http.py). Whatever differs between the two modes is decided
+    here, so that the sandbox itself never asks which one it has."""
 
+    kind: str  # "embedded" or "service": the sandbox's ``mode``
     sandbox_id: str
     pid: Optional[int]
     restored: Optional[bool]
 
+    def stream_value(self, wanted: bool) -> StreamValue:
+        """The ``"stream"`` field of a call whose output the caller ``wanted`` as events, or
+        None to send none (the answer then carries the output)."""
+
+    def exec_env(self, envs: Dict[str, str]) -> Dict[str, str]:
+        """The ``env`` of an argv call given ``envs`` of its own."""
+
     async def call(self, op: str, body: Dict[str, Any], *, on_event: Optional[OnEvent] = None,
                    soft_timeout: float, hard_timeout: Optional[float] = None,
-                   on_ref: Optional[OnRef] = None) -> Dict[str, Any]: ...
+                   on_ref: Optional[OnRef] = None) -> Dict[str, Any]:
+        """One call: its answer, or the error it answered with raised. ``on_ref`` gets what
+        :meth:`cancel` takes to cancel it, once that is known."""
+
+    async def shell(self, body: Dict[str, Any], *, on_event: Optional[OnEvent] = None,
+                    soft_timeout: float, hard_timeout: Optional[float] = None) -> Dict[str, Any]:
+        """A ``shell`` call, in a persistent shell that has the sandbox's envs exported."""
 
     async def cancel(self, ref: Any) -> bool: ...
 
-    async def write_file(self, path: str, chunks: Any, mode: Optional[str],
-                         hard_timeout: Optional[float]) -> int: ...
+    async def write_file(self, path: str, data: FileData, *, size: Optional[int], mode: Optional[str],
+                         hard_timeout: Optional[float]) -> int:
+        """Writes ``data`` (all of it, or chunks as a file object is read, ``size`` bytes in
+        all when known) to ``path``; returns the bytes written."""
 
     async def read_file(self, path: str, sink: Callable[[bytes], Awaitable[None]],
                         hard_timeout: Optional[float]) -> None: ...
@@ -56,11 +80,18 @@ class Transport(Protocol):
 
     async def list_dir(self, path: str, max_entries: Optional[int]) -> Dict[str, Any]: ...
 
+    async def fork(self, count: int, start_timeout: float) -> Sequence["Transport"]:
+        """``count`` new sandboxes, each this one as it is now, all started or none."""
+
+    async def pause(self) -> str:
+        """Saves the sandbox and ends its VM; returns the id it is resumed by."""
+
     async def set_timeout(self, seconds: float) -> None: ...
 
     async def kill(self) -> None: ...
 
-    def kill_at_exit(self) -> None: ...
+    def kill_at_exit(self) -> None:
+        """:meth:`kill` without the event loop, which may be gone at interpreter exit."""
 
     async def is_running(self) -> bool: ...
 

@@ -13,14 +13,17 @@ import itertools
 import json
 import os
 import re
+import shlex
 import signal
 import subprocess
+import uuid
 from collections import deque
 from typing import Any, Awaitable, Callable, Deque, Dict, Iterable, List, Mapping, Optional
 
-from ._common import (DEFAULT_GRACE, MAX_LINE_BYTES, OnEvent, OnRef, cancel_quietly, put_bytes, wait_answer)
+from ._common import (DEFAULT_GRACE, FILE_CHUNK, MAX_LINE_BYTES, FileData, OnEvent, OnRef, StreamValue,
+                      cancel_quietly, put_bytes, wait_answer)
 from ._snapshots import ManagedDir
-from .errors import (SANDBOX_DEATH_CODES, AgentvmError, CallTimeout, SandboxDied, StartFailed,
+from .errors import (SANDBOX_DEATH_CODES, CallTimeout, SandboxDied, StartFailed,
                      error_from_protocol)
 from .models import byte_field
 
@@ -120,12 +123,15 @@ class _Stdin(asyncio.Protocol):
 
 
 class EpisodeTransport:
-    """One sandbox as an ``agentvm episode`` child process."""
+    """One sandbox as an ``agentvm episode`` child process. What serve does for its sandboxes
+    is done here on the client's side: the sandbox's envs added to argv calls and exported in
+    the shell, a lifetime shortened by a timer, fork and pause through live snapshots."""
 
     kind = "embedded"
 
     def __init__(self, binary: str, *, snapshot: Optional[str], timeout: float,
-                 extra_args: Iterable[str] = (), grace: float = DEFAULT_GRACE,
+                 extra_args: Iterable[str] = (), fork_args: Iterable[str] = (), grace: float = DEFAULT_GRACE,
+                 envs: Optional[Dict[str, str]] = None, shell_has_envs: bool = False,
                  snapshot_dir: Optional[str] = None, managed: Optional[ManagedDir] = None,
                  hold: Optional[str] = None, no_snapshot_dir_why: str = "") -> None:
         self.binary = binary
@@ -139,7 +145,13 @@ class EpisodeTransport:
         self.no_snapshot_dir_why = no_snapshot_dir_why
         self.timeout = timeout
         self.extra_args = list(extra_args)
+        # agentvm's arguments the caller gave (without --template): its forks start with them.
+        self.fork_args = list(fork_args)
         self.grace = grace
+        self.envs: Dict[str, str] = {} if envs is None else envs
+        # The sandbox's envs are exported in the shell before its first call, and again after
+        # a shell was killed (the next call gets a fresh one).
+        self._shell_env_pending = bool(self.envs) and not shell_has_envs
         self.loop = asyncio.get_running_loop()
         self.proc: "Optional[subprocess.Popen[bytes]]" = None
         self.pid: Optional[int] = None
@@ -167,6 +179,69 @@ class EpisodeTransport:
         self._started_at = 0.0
 
     # -- life cycle -----------------------------------------------------------------------
+
+    @classmethod
+    async def open(cls, binary: str, *, snapshot: Optional[str], snapshot_dir: Optional[str], timeout: float,
+                   extra_args: List[str], fork_args: List[str], envs: Dict[str, str], grace: float,
+                   start_timeout: float) -> "EpisodeTransport":
+        """A new sandbox's episode, started. Restored from a snapshot in a directory the client
+        keeps, it holds that one (and writes its own snapshots there without
+        ``snapshot_dir``); else, without ``snapshot_dir``, a new one is made for it."""
+        managed = ManagedDir.of(snapshot) if snapshot is not None else None
+        hold: Optional[str] = None
+        why = ""
+        if snapshot_dir is None and managed is not None:
+            snapshot_dir = managed.path
+        elif snapshot_dir is None:
+            try:
+                managed, hold = ManagedDir.create()
+                snapshot_dir = managed.path
+            except OSError as e:
+                why = f"the client's own snapshot directory could not be made: {e}"
+        episode = cls(binary, snapshot=snapshot, timeout=timeout, extra_args=extra_args, fork_args=fork_args,
+                      grace=grace, envs=envs, snapshot_dir=snapshot_dir, managed=managed, hold=hold,
+                      no_snapshot_dir_why=why)
+        await episode.start(start_timeout)
+        return episode
+
+    @classmethod
+    async def resume(cls, binary: str, paused: str, *, snapshot_dir: str, timeout: float, extra_args: List[str],
+                     envs: Dict[str, str], grace: float, start_timeout: float) -> "EpisodeTransport":
+        """The episode of a paused sandbox (``paused``: its snapshot's directory), started. Its
+        shell kept its exports."""
+        managed = ManagedDir.of(paused)
+        episode = cls(binary, snapshot=paused, timeout=timeout, extra_args=extra_args, fork_args=extra_args,
+                      grace=grace, envs=envs, shell_has_envs=True, snapshot_dir=snapshot_dir, managed=managed)
+        await episode.start(start_timeout)
+        if managed is not None:
+            # Running again (and holding the directory): no longer a paused sandbox to keep.
+            managed.resumed(os.path.basename(os.path.normpath(paused)))
+        return episode
+
+    async def fork(self, count: int, start_timeout: float) -> List["EpisodeTransport"]:
+        """A live snapshot, and one episode restored from it per child; all start or none (the
+        others are killed)."""
+        taken = await self.live_snapshot(f"fork-{os.getpid()}-{uuid.uuid4().hex}")
+        episodes = [EpisodeTransport(self.binary, snapshot=taken["path"], timeout=self.timeout,
+                                     extra_args=self.fork_args, fork_args=self.fork_args, grace=self.grace,
+                                     envs=dict(self.envs), shell_has_envs=not self._shell_env_pending,
+                                     snapshot_dir=self.snapshot_dir, managed=self.managed)
+                    for _ in range(count)]
+        results = await asyncio.gather(*(e.start(start_timeout) for e in episodes), return_exceptions=True)
+        failure = next((r for r in results if isinstance(r, BaseException)), None)
+        if failure is not None:
+            await asyncio.gather(*(e.kill() for e in episodes), return_exceptions=True)
+            raise failure
+        return episodes
+
+    async def pause(self) -> str:
+        """A live snapshot, then the episode ended; the snapshot's directory resumes it."""
+        resume_id = str((await self.live_snapshot(f"pause-{os.getpid()}-{uuid.uuid4().hex}"))["path"])
+        if self.managed is not None:
+            # Before the episode ends and lets go of the directory.
+            self.managed.paused(os.path.basename(resume_id))
+        await self.close()
+        return resume_id
 
     def argv(self) -> List[str]:
         args = [self.binary, "episode", "--announce-ready", "--episode-timeout", _fmt_seconds(self.timeout)]
@@ -490,6 +565,36 @@ class EpisodeTransport:
         if isinstance(err, dict):
             raise error_from_protocol(str(err.get("code", "internal")), str(err.get("message", "")))
 
+    def stream_value(self, wanted: bool) -> StreamValue:
+        return "only" if wanted else None
+
+    def exec_env(self, envs: Dict[str, str]) -> Dict[str, str]:
+        return dict(self.envs, **envs)
+
+    async def shell(self, body: Dict[str, Any], *, on_event: Optional[OnEvent] = None,
+                    soft_timeout: float, hard_timeout: Optional[float] = None) -> Dict[str, Any]:
+        prelude: Optional["asyncio.Task[Dict[str, Any]]"] = None
+        if self._shell_env_pending:
+            self._shell_env_pending = False
+            exports = "export " + " ".join(f"{k}={shlex.quote(v)}" for k, v in self.envs.items())
+            prelude = self.loop.create_task(self.call("shell", {"cmd": exports, "timeout": 60}, soft_timeout=60))
+            await asyncio.sleep(0)  # its line is written first; shell calls run in order
+        try:
+            msg = await self.call("shell", body, on_event=on_event, soft_timeout=soft_timeout,
+                                  hard_timeout=hard_timeout)
+        finally:
+            if prelude is not None:
+                try:
+                    pre = await prelude
+                    if pre.get("exit_code") != 0:
+                        self._shell_env_pending = True
+                except Exception:
+                    self._shell_env_pending = True
+        if self.envs and (msg.get("timed_out") or msg.get("cancelled")):
+            # That shell was killed; the next call starts a fresh one, which gets the envs again.
+            self._shell_env_pending = True
+        return msg
+
     async def call(self, op: str, body: Dict[str, Any], *, on_event: Optional[OnEvent] = None,
                    soft_timeout: float, hard_timeout: Optional[float] = None,
                    on_ref: Optional[OnRef] = None) -> Dict[str, Any]:
@@ -525,10 +630,15 @@ class EpisodeTransport:
             body["max_entries"] = max_entries
         return await self.call("list_dir", body, soft_timeout=0.0)
 
-    async def write_file(self, path: str, chunks: Iterable[bytes], mode: Optional[str],
+    async def write_file(self, path: str, data: FileData, *, size: Optional[int], mode: Optional[str],
                          hard_timeout: Optional[float]) -> int:
-        """Several ``write_file`` calls, the first truncating, the rest appending, at most two
-        in flight (they are written in order by the agent)."""
+        """Several ``write_file`` calls of at most 4 MiB, the first truncating, the rest
+        appending, at most two in flight (they are written in order by the agent)."""
+        chunks: Iterable[bytes]
+        if isinstance(data, bytes):
+            chunks = [data[i:i + FILE_CHUNK] for i in range(0, len(data), FILE_CHUNK)]
+        else:
+            chunks = data
         total = 0
         in_flight: Deque["asyncio.Task[Dict[str, Any]]"] = deque()
         first = True

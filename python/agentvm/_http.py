@@ -20,9 +20,10 @@ import threading
 import time
 import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Awaitable, Callable, Dict, Iterable, List, Mapping, Optional, Tuple
+from typing import Any, Awaitable, Callable, Dict, Iterable, List, Mapping, Optional, Tuple, Union
 
-from ._common import DEFAULT_GRACE, MAX_LINE_BYTES, OnEvent, OnRef, cancel_quietly, wait_answer
+from ._common import (DEFAULT_GRACE, MAX_LINE_BYTES, FileData, OnEvent, OnRef, StreamValue, cancel_quietly,
+                      wait_answer)
 from .errors import (AgentvmError, CallTimeout, SandboxDied, ServiceError, error_from_protocol)
 
 _executor_lock = threading.Lock()
@@ -353,12 +354,35 @@ class ServiceTransport:
             raise err
         return resp.json()
 
-    async def create(self, body: Dict[str, Any], start_timeout: float) -> None:
-        doc = await self._json("POST", "/v1/sandboxes", body, hard=start_timeout, ok=(201,))
-        self.described = doc
-        self.sandbox_id = str(doc["id"])
-        self.pid = doc.get("pid")
-        self.restored = doc.get("restored")
+    @classmethod
+    async def create(cls, client: HttpClient, body: Dict[str, Any], *, grace: float,
+                     start_timeout: float) -> "ServiceTransport":
+        """A new sandbox: ``POST /v1/sandboxes`` with ``body``."""
+        service = cls(client, grace=grace)
+        service._adopt(await service._json("POST", "/v1/sandboxes", body, hard=start_timeout, ok=(201,)))
+        return service
+
+    @classmethod
+    async def resume(cls, client: HttpClient, sandbox_id: str, *, grace: float,
+                     start_timeout: float) -> "ServiceTransport":
+        """The paused sandbox ``sandbox_id``, running again."""
+        service = cls(client, grace=grace)
+        service.sandbox_id = sandbox_id
+        service._adopt(await service._json("POST", service._path("resume"), {}, hard=start_timeout))
+        return service
+
+    def stream_value(self, wanted: bool) -> StreamValue:
+        # Always: the answer's headers then come at once with the call's seq, with which a call
+        # given up on (client deadline, cancellation) is cancelled.
+        return True
+
+    def exec_env(self, envs: Dict[str, str]) -> Dict[str, str]:
+        return envs  # serve adds the sandbox's own
+
+    async def shell(self, body: Dict[str, Any], *, on_event: Optional[OnEvent] = None,
+                    soft_timeout: float, hard_timeout: Optional[float] = None) -> Dict[str, Any]:
+        return await self.call("shell", body, on_event=on_event, soft_timeout=soft_timeout,
+                               hard_timeout=hard_timeout)
 
     async def call(self, op: str, body: Dict[str, Any], *, on_event: Optional[OnEvent] = None,
                    soft_timeout: float, hard_timeout: Optional[float] = None,
@@ -424,7 +448,8 @@ class ServiceTransport:
 
     async def stat(self, path: str) -> Dict[str, Any]:
         q = urllib.parse.urlencode({"path": path})
-        return await self._json("GET", self._path("files/stat") + "?" + q)  # type: ignore[no-any-return]
+        doc: Dict[str, Any] = await self._json("GET", self._path("files/stat") + "?" + q)
+        return doc
 
     async def list_dir(self, path: str, max_entries: Optional[int]) -> Dict[str, Any]:
         params: Dict[str, Any] = {"path": path}
@@ -433,22 +458,21 @@ class ServiceTransport:
         doc: Dict[str, Any] = await self._json("GET", self._path("files/list") + "?" + urllib.parse.urlencode(params))
         return doc
 
-    async def write_file(self, path: str, chunks: Iterable[bytes], mode: Optional[str],
-                         hard_timeout: Optional[float], size: Optional[int] = None) -> int:
+    async def write_file(self, path: str, data: FileData, *, size: Optional[int], mode: Optional[str],
+                         hard_timeout: Optional[float]) -> int:
+        """One ``PUT …/files`` streaming the body (chunked when a file object's size is unknown)."""
         params = {"path": path}
         if mode is not None:
             params["mode"] = mode
         headers = {"Content-Type": "application/octet-stream"}
-        body: Any
-        if isinstance(chunks, (bytes, bytearray)):
-            body = bytes(chunks)
+        ctx = _Ctx()
+        body: Union[bytes, Iterable[bytes]]
+        if isinstance(data, bytes):
+            body = data
         else:
-            body = chunks
             if size is not None:
                 headers["Content-Length"] = str(size)
-        ctx = _Ctx()
-        if not isinstance(body, bytes):
-            body = _touching(body, ctx)
+            body = _touching(data, ctx)
         resp = await self.client.request("PUT", self._path("files") + "?" + urllib.parse.urlencode(params),
                                          body=body, headers=headers, soft=self.grace, hard=hard_timeout, ctx=ctx,
                                          what=f"upload of {path!r}")
@@ -483,25 +507,27 @@ class ServiceTransport:
     async def set_timeout(self, seconds: float) -> None:
         self.described = await self._json("POST", self._path("timeout"), {"timeout": seconds})
 
-    def adopt(self, described: Dict[str, Any]) -> None:
-        """This transport is now for the sandbox serve described (a fork's child, a resume)."""
+    def _adopt(self, described: Dict[str, Any]) -> None:
+        """This transport is now for the sandbox serve described (a new one, a fork's child, a resume)."""
         self.described = described
         self.sandbox_id = str(described["id"])
         self.pid = described.get("pid")
         self.restored = described.get("restored")
 
-    async def fork(self, count: int, start_timeout: float) -> List[Dict[str, Any]]:
+    async def fork(self, count: int, start_timeout: float) -> List["ServiceTransport"]:
         doc = await self._json("POST", self._path("fork"), {"count": count}, hard=start_timeout, ok=(201,))
-        return list(doc["sandboxes"])
+        children = []
+        for described in doc["sandboxes"]:
+            child = ServiceTransport(self.client, grace=self.grace)
+            child._adopt(described)
+            children.append(child)
+        return children
 
-    async def pause(self) -> Dict[str, Any]:
-        doc: Dict[str, Any] = await self._json("POST", self._path("pause"), {}, soft=120.0)
+    async def pause(self) -> str:
+        """serve keeps the paused sandbox (across its restarts) under its own id."""
+        await self._json("POST", self._path("pause"), {}, soft=120.0)
         self._gone = SandboxDied("paused", f"sandbox {self.sandbox_id} is paused: resume it first")
-        return doc
-
-    async def resume(self, sandbox_id: str, start_timeout: float) -> None:
-        self.sandbox_id = sandbox_id
-        self.adopt(await self._json("POST", self._path("resume"), {}, hard=start_timeout))
+        return self.sandbox_id
 
     async def kill(self) -> None:
         if not self.sandbox_id:

@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import inspect
 import posixpath
-from typing import Any, Awaitable, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple, Union
 
 from . import _loop
 from .errors import AgentError, SandboxDied
 from .models import CommandResult, Execution
-from .sandbox import AsyncSandbox
+from ._lifecycle import AsyncSandbox
 
 __all__ = ["AgentvmEnv", "AsyncAgentvmEnv", "default_reward", "TOOLS"]
 

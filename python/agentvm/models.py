@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import base64
 from dataclasses import dataclass, field
-from typing import Any, Dict, Mapping, Optional
+from typing import Any, Mapping, Optional
 
 __all__ = ["CommandResult", "Execution", "ExecutionError", "FileInfo", "EntryInfo", "byte_field"]
 

@@ -1,0 +1,233 @@
+"""The blocking API: ``Sandbox`` and its ``commands``/``files``, each method the asyncio one
+of the same name and parameters (python/tests/test_signatures.py holds them to that), run on
+the package's one background event-loop thread (_loop.py)."""
+from __future__ import annotations
+
+from typing import (Any, AsyncGenerator, Dict, Generator, List, Literal, Mapping, Optional, Sequence, Tuple,
+                    TypeVar, Union, overload)
+
+from . import _loop
+from ._commands import AsyncCommandHandle, AsyncCommands, Output
+from ._common import DEFAULT_GRACE, DEFAULT_START_TIMEOUT
+from ._files import AsyncFiles, Data, EntryList
+from ._lifecycle import AsyncSandbox
+from .models import CommandResult, Execution, FileInfo
+
+Item = TypeVar("Item")
+
+
+def _sync_iter(agen: AsyncGenerator[Item, None]) -> Generator[Item, None, None]:
+    """An async generator consumed from another thread, one item at a time on the loop."""
+
+    async def next_item() -> Item:
+        return await agen.__anext__()
+
+    try:
+        while True:
+            try:
+                yield _loop.run(next_item())
+            except StopAsyncIteration:
+                return
+    finally:
+        async def close() -> None:
+            await agen.aclose()
+
+        _loop.run(close())
+
+
+class CommandHandle:
+    """The blocking view of an :class:`AsyncCommandHandle`."""
+
+    def __init__(self, handle: AsyncCommandHandle) -> None:
+        self._h = handle
+
+    @property
+    def stdout(self) -> str:
+        return self._h.stdout
+
+    @property
+    def stderr(self) -> str:
+        return self._h.stderr
+
+    def done(self) -> bool:
+        return self._h.done()
+
+    def wait(self, timeout: Optional[float] = None) -> CommandResult:
+        return _loop.run(self._h.wait(timeout))
+
+    def kill(self) -> bool:
+        return _loop.run(self._h.kill())
+
+    def iter_output(self) -> Generator[Tuple[str, str], None, None]:
+        return _sync_iter(self._h.iter_output())
+
+
+class Commands:
+    def __init__(self, commands: AsyncCommands) -> None:
+        self._c = commands
+
+    @overload
+    def run(self, cmd: Union[str, Sequence[str]], *, timeout: Optional[float] = None,
+            envs: Optional[Mapping[str, str]] = None, cwd: Optional[str] = None,
+            stdin: Optional[Union[bytes, str]] = None, background: Literal[False] = False,
+            on_stdout: Optional[Output] = None, on_stderr: Optional[Output] = None,
+            max_output: Optional[int] = None, check: bool = False,
+            request_timeout: Optional[float] = None) -> CommandResult: ...
+
+    @overload
+    def run(self, cmd: Union[str, Sequence[str]], *, timeout: Optional[float] = None,
+            envs: Optional[Mapping[str, str]] = None, cwd: Optional[str] = None,
+            stdin: Optional[Union[bytes, str]] = None, background: Literal[True],
+            on_stdout: Optional[Output] = None, on_stderr: Optional[Output] = None,
+            max_output: Optional[int] = None, check: bool = False,
+            request_timeout: Optional[float] = None) -> CommandHandle: ...
+
+    @overload
+    def run(self, cmd: Union[str, Sequence[str]], *, timeout: Optional[float] = None,
+            envs: Optional[Mapping[str, str]] = None, cwd: Optional[str] = None,
+            stdin: Optional[Union[bytes, str]] = None, background: bool = False,
+            on_stdout: Optional[Output] = None, on_stderr: Optional[Output] = None,
+            max_output: Optional[int] = None, check: bool = False,
+            request_timeout: Optional[float] = None) -> Union[CommandResult, CommandHandle]: ...
+
+    def run(self, cmd: Union[str, Sequence[str]], *, timeout: Optional[float] = None,
+            envs: Optional[Mapping[str, str]] = None, cwd: Optional[str] = None,
+            stdin: Optional[Union[bytes, str]] = None, background: bool = False,
+            on_stdout: Optional[Output] = None, on_stderr: Optional[Output] = None,
+            max_output: Optional[int] = None, check: bool = False,
+            request_timeout: Optional[float] = None) -> Union[CommandResult, CommandHandle]:
+        """As :meth:`AsyncCommands.run`; callbacks run on the package's event-loop thread."""
+        out = _loop.run(self._c.run(cmd, timeout=timeout, envs=envs, cwd=cwd, stdin=stdin, background=background,
+                                    on_stdout=on_stdout, on_stderr=on_stderr, max_output=max_output, check=check,
+                                    request_timeout=request_timeout))
+        return CommandHandle(out) if isinstance(out, AsyncCommandHandle) else out
+
+
+class Files:
+    def __init__(self, files: AsyncFiles) -> None:
+        self._f = files
+
+    def write(self, path: str, data: Data, *, mode: Optional[Union[int, str]] = None,
+              request_timeout: Optional[float] = None) -> int:
+        return _loop.run(self._f.write(path, data, mode=mode, request_timeout=request_timeout))
+
+    def read(self, path: str, *, request_timeout: Optional[float] = None) -> bytes:
+        return _loop.run(self._f.read(path, request_timeout=request_timeout))
+
+    def read_text(self, path: str) -> str:
+        return _loop.run(self._f.read_text(path))
+
+    def read_stream(self, path: str, *, request_timeout: Optional[float] = None) -> Generator[bytes, None, None]:
+        return _sync_iter(self._f.read_stream(path, request_timeout=request_timeout))
+
+    def info(self, path: str) -> FileInfo:
+        return _loop.run(self._f.info(path))
+
+    def exists(self, path: str) -> bool:
+        return _loop.run(self._f.exists(path))
+
+    def list(self, path: str, *, max_entries: Optional[int] = None) -> EntryList:
+        return _loop.run(self._f.list(path, max_entries=max_entries))
+
+
+class Sandbox:
+    """A sandbox, blocking: ``Sandbox(...)`` creates it (same arguments as
+    :meth:`AsyncSandbox.create`). Every instance runs on the package's one background
+    event-loop thread."""
+
+    def __init__(self, snapshot: Optional[str] = None, timeout: float = 300,
+                 envs: Optional[Mapping[str, str]] = None, metadata: Optional[Mapping[str, str]] = None,
+                 url: Optional[str] = None, token: Optional[str] = None, pool: Optional[str] = None, *,
+                 binary: Optional[str] = None, start_timeout: float = DEFAULT_START_TIMEOUT,
+                 grace: float = DEFAULT_GRACE, agentvm_args: Sequence[str] = (),
+                 template: Optional[str] = None, snapshot_dir: Optional[str] = None) -> None:
+        self._sb: AsyncSandbox = _loop.run(AsyncSandbox.create(
+            snapshot, timeout, envs, metadata, url, token, pool, binary=binary, start_timeout=start_timeout,
+            grace=grace, agentvm_args=agentvm_args, template=template, snapshot_dir=snapshot_dir))
+        self.commands = Commands(self._sb.commands)
+        self.files = Files(self._sb.files)
+
+    @classmethod
+    def create(cls, snapshot: Optional[str] = None, timeout: float = 300,
+               envs: Optional[Mapping[str, str]] = None, metadata: Optional[Mapping[str, str]] = None,
+               url: Optional[str] = None, token: Optional[str] = None, pool: Optional[str] = None, *,
+               binary: Optional[str] = None, start_timeout: float = DEFAULT_START_TIMEOUT,
+               grace: float = DEFAULT_GRACE, agentvm_args: Sequence[str] = (),
+               template: Optional[str] = None, snapshot_dir: Optional[str] = None) -> Sandbox:
+        return cls(snapshot, timeout, envs, metadata, url, token, pool, binary=binary, start_timeout=start_timeout,
+                   grace=grace, agentvm_args=agentvm_args, template=template, snapshot_dir=snapshot_dir)
+
+    @classmethod
+    def _wrap(cls, sandbox: AsyncSandbox) -> Sandbox:
+        obj = cls.__new__(cls)
+        obj._sb = sandbox
+        obj.commands = Commands(sandbox.commands)
+        obj.files = Files(sandbox.files)
+        return obj
+
+    @classmethod
+    def resume(cls, sandbox_id: str, *, url: Optional[str] = None, token: Optional[str] = None,
+               timeout: float = 300, envs: Optional[Mapping[str, str]] = None,
+               binary: Optional[str] = None, start_timeout: float = DEFAULT_START_TIMEOUT,
+               grace: float = DEFAULT_GRACE, agentvm_args: Sequence[str] = (),
+               snapshot_dir: Optional[str] = None) -> Sandbox:
+        """As :meth:`AsyncSandbox.resume`."""
+        return cls._wrap(_loop.run(AsyncSandbox.resume(
+            sandbox_id, url=url, token=token, timeout=timeout, envs=envs, binary=binary,
+            start_timeout=start_timeout, grace=grace, agentvm_args=agentvm_args, snapshot_dir=snapshot_dir)))
+
+    def fork(self, count: int = 1, *, start_timeout: float = DEFAULT_START_TIMEOUT) -> List[Sandbox]:
+        """As :meth:`AsyncSandbox.fork`."""
+        return [Sandbox._wrap(child) for child in _loop.run(self._sb.fork(count, start_timeout=start_timeout))]
+
+    def pause(self) -> str:
+        """As :meth:`AsyncSandbox.pause`."""
+        return _loop.run(self._sb.pause())
+
+    @property
+    def sandbox_id(self) -> str:
+        return self._sb.sandbox_id
+
+    @property
+    def pid(self) -> Optional[int]:
+        return self._sb.pid
+
+    @property
+    def mode(self) -> str:
+        return self._sb.mode
+
+    @property
+    def metadata(self) -> Dict[str, str]:
+        return self._sb.metadata
+
+    @property
+    def envs(self) -> Dict[str, str]:
+        return self._sb.envs
+
+    @property
+    def restored(self) -> Optional[bool]:
+        return self._sb.restored
+
+    def info(self) -> Dict[str, Any]:
+        return self._sb.info()
+
+    def kill(self) -> None:
+        _loop.run(self._sb.kill())
+
+    def is_running(self) -> bool:
+        return _loop.run(self._sb.is_running())
+
+    def set_timeout(self, seconds: float) -> None:
+        _loop.run(self._sb.set_timeout(seconds))
+
+    def run_code(self, code: str, language: str = "python", timeout: Optional[float] = None, *,
+                 on_stdout: Optional[Output] = None, on_stderr: Optional[Output] = None,
+                 max_output: Optional[int] = None, request_timeout: Optional[float] = None) -> Execution:
+        return _loop.run(self._sb.run_code(code, language, timeout, on_stdout=on_stdout, on_stderr=on_stderr,
+                                           max_output=max_output, request_timeout=request_timeout))
+
+    def __enter__(self) -> Sandbox:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.kill()
