@@ -9,7 +9,7 @@
 #include "agentvm_config.hpp"
 #include "cli/boot_command.hpp"
 #include "cli/episode_command.hpp"
-#include "cli/exit_codes.hpp"
+#include "episode/exit_codes.hpp"
 #include "cli/logging.hpp"
 #include "cli/run_command.hpp"
 #include "cli/plan_command.hpp"

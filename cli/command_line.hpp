@@ -5,7 +5,7 @@
 
 namespace agentvm {
 
-// Returns the process's exit status (cli/exit_codes.hpp).
+// Returns the process's exit status (episode/exit_codes.hpp).
 int run_command_line(int argc, char** argv);
 
 } // namespace agentvm

@@ -36,9 +36,4 @@ CLI::Validator bounded_number(double max, const char* unit)
         "NUMBER");
 }
 
-std::chrono::milliseconds seconds_to_ms(double seconds)
-{
-    return std::chrono::milliseconds(std::llround(seconds * 1000));
-}
-
 } // namespace agentvm

@@ -11,7 +11,7 @@
 #include <fstream>
 #include <sstream>
 
-#include "cli/exit_codes.hpp"
+#include "episode/exit_codes.hpp"
 #include "cli/logging.hpp"
 #include "common/error.hpp"
 #include "service/serve.hpp"

@@ -16,9 +16,9 @@
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
-#include "cli/exit_codes.hpp"
+#include "episode/exit_codes.hpp"
 #include "cli/seconds_option.hpp"
-#include "cli/vm_options.hpp"
+#include "episode/vm_options.hpp"
 #include "common/error.hpp"
 #include "common/fd.hpp"
 #include "common/file_digest.hpp"

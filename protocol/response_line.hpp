@@ -1,5 +1,5 @@
 // How long a response line of the agent (docs/protocol.md) can honestly be: the one bound
-// that the episode relay (cli/episode_relay.hpp) and serve (service/episode_process.hpp)
+// that the episode relay (episode/episode_relay.hpp) and serve (service/episode_process.hpp)
 // size their line limits with, each for the largest max_output it lets a call ask for.
 #pragma once
 

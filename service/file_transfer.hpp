@@ -1,7 +1,8 @@
-// Files in and out of a sandbox as raw bytes over HTTP (docs/api.md, "Files"), streamed both
-// ways: an upload goes to the guest in write_file chunks as its body arrives (at most two
-// chunks in flight; the body waits meanwhile), a download leaves as read_file's data events
-// come, so neither side is ever held whole by serve.
+// The native API's files (docs/api.md, "Files"): raw bytes over HTTP, streamed both ways. An
+// upload's body feeds a FileWriter (file_writer.hpp) as it arrives, and waits while the writer
+// has no room; a download's body is a FileReader's bytes (file_reader.hpp), and the sandbox's
+// output waits while the client has too much unread (StreamPacer). Neither side is ever held
+// whole by serve.
 #pragma once
 
 #include <memory>
@@ -10,7 +11,6 @@
 
 #include "service/http_server.hpp"
 #include "service/sandbox.hpp"
-#include "service/sandbox_manager.hpp"
 
 namespace agentvm {
 

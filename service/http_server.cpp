@@ -37,18 +37,6 @@ constexpr auto deadline_sweep_period = std::chrono::seconds(1);
 // answer only before the body or after it); a longer rest closes the connection instead.
 constexpr uint64_t max_body_dropped = uint64_t{64} << 20;
 
-// Runs handler code where MHD called us: an exception it lets out fails this request alone.
-// Thrown on through MHD's C frames to the loop, it would end serve and every sandbox with it.
-template <typename Code>
-void guarded(HttpExchange& exchange, Code&& code)
-{
-    try {
-        code();
-    } catch (const std::exception& e) {
-        exchange.fail(e);
-    }
-}
-
 } // namespace
 
 struct HttpServer::Daemon {
@@ -307,7 +295,7 @@ long HttpExchange::read_stream(uint64_t /*pos*/, char* buffer, size_t max)
     if (on_drained_ && buffered() < low_water_) {
         auto callback = std::move(on_drained_);
         on_drained_ = nullptr;
-        guarded(*this, callback);
+        guard_request(*this, callback);
     }
     return static_cast<long>(n);
 }
@@ -497,7 +485,7 @@ bool HttpServer::handle(MHD_Connection* connection, const char* url, const char*
         requests_.insert(&exchange);
         if (Connection* tracked = connection_of(connection))
             tracked->headers_due.reset();  // the headers are whole
-        guarded(exchange, [&] { admit(exchange); });
+        guard_request(exchange, [&] { admit(exchange); });
         if (!exchange.answer_)
             refuse_unreadable_body(exchange);
         // Answered already (401, 413, 501): queued now, so MHD closes the connection after it
@@ -561,7 +549,7 @@ void HttpServer::refuse_unreadable_body(HttpExchange& exchange)
 void HttpServer::dispatch(const std::shared_ptr<HttpExchange>& exchange)
 {
     exchange->dispatched_ = true;
-    guarded(*exchange, [&] { exchange->handler_(exchange); });
+    guard_request(*exchange, [&] { exchange->handler_(exchange); });
 }
 
 bool HttpServer::answer_or_wait(HttpExchange& exchange)
@@ -599,7 +587,7 @@ bool HttpServer::take_streamed_body(HttpExchange& exchange, const char* data, si
         const std::string_view piece(data, *size);
         *size = 0;
         if (exchange.on_body_piece_)
-            guarded(exchange, [&] { exchange.on_body_piece_(piece); });
+            guard_request(exchange, [&] { exchange.on_body_piece_(piece); });
         if (exchange.body_paused_ && !exchange.answer_) {
             exchange.suspended_ = true;
             MHD_suspend_connection(exchange.connection_);
@@ -609,7 +597,7 @@ bool HttpServer::take_streamed_body(HttpExchange& exchange, const char* data, si
     if (!exchange.body_ended_) {
         exchange.body_ended_ = true;
         if (exchange.on_body_end_)
-            guarded(exchange, exchange.on_body_end_);
+            guard_request(exchange, exchange.on_body_end_);
     }
     return answer_or_wait(exchange);
 }

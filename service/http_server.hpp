@@ -163,6 +163,19 @@ private:
     std::function<void()> on_gone_;
 };
 
+// Runs handler code where an exception must not leave (MHD's callbacks, a sandbox's line
+// reader): one it lets out fails this request alone (HttpExchange::fail). Thrown on to the
+// event loop, it would end serve and every sandbox with it.
+template <typename Code>
+void guard_request(HttpExchange& exchange, Code&& code)
+{
+    try {
+        code();
+    } catch (const std::exception& e) {
+        exchange.fail(e);
+    }
+}
+
 class HttpServer {
 public:
     using Handler = std::function<void(const std::shared_ptr<HttpExchange>&)>;

@@ -58,7 +58,7 @@ void enter_child(const Supervision& supervision, Fd parent)
         supervision.cgroup->await_join(Fd(kept));
     }
     // SIGINT, SIGTERM and SIGHUP stay blocked until the VMM takes them through its signalfd
-    // (cli/stop_signals.hpp): as PID 1 of its namespace it would ignore them otherwise, and
+    // (episode/stop_signals.hpp): as PID 1 of its namespace it would ignore them otherwise, and
     // one passed on early stays pending. It has no children to hear of.
     sigset_t chld;
     sigemptyset(&chld);

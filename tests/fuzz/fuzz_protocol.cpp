@@ -1,9 +1,9 @@
 // Fuzzes the JSON-lines protocol (docs/protocol.md) on both sides of the host:
 //  - every line through the agent's request parser (guest/agent/protocol.hpp parse_request),
 //    which may only throw RequestError, and through the relay's response summary
-//    (cli/response_summary.hpp), which must read back the id of every response the protocol
+//    (protocol/response_scanner.hpp), which must read back the id of every response the protocol
 //    code builds, since that is how the relay matches answers to pending calls;
-//  - the real episode relay (cli/episode_relay.hpp) on its own event loop: the input's lines
+//  - the real episode relay (episode/episode_relay.hpp) on its own event loop: the input's lines
 //    are the harness's stdin, except those starting with '<', which are what the agent says
 //    (without the '<'). Whatever the relay writes to stdout must be protocol lines.
 //
@@ -21,8 +21,8 @@
 #include <variant>
 #include <vector>
 
-#include "cli/episode_relay.hpp"
-#include "cli/response_summary.hpp"
+#include "episode/episode_relay.hpp"
+#include "protocol/response_scanner.hpp"
 #include "protocol/agent_protocol.hpp"
 #include "tests/fuzz/fuzz_support.hpp"
 #include "core/event_loop.hpp"

@@ -1,11 +1,11 @@
-// How `agentvm snapshot bake` judges the guest agent's answers (cli/bake_calls.hpp): the
+// How `agentvm snapshot bake` judges the guest agent's answers (episode/bake_calls.hpp): the
 // guest is a template's, i.e. the user's, so every malformed answer must fail the bake with a
 // message and never throw out of the VMM's loop.
 #include <doctest/doctest.h>
 
 #include <string>
 
-#include "cli/bake_calls.hpp"
+#include "episode/bake_calls.hpp"
 
 using namespace agentvm;
 

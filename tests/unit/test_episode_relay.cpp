@@ -17,9 +17,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "cli/episode_relay.hpp"
-#include "cli/response_stream.hpp"
-#include "cli/response_summary.hpp"
+#include "episode/episode_relay.hpp"
+#include "episode/response_stream.hpp"
+#include "protocol/response_scanner.hpp"
 #include "protocol/agent_protocol.hpp"
 #include "common/error.hpp"
 #include "common/fd.hpp"

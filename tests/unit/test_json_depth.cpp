@@ -4,7 +4,7 @@
 
 #include <string>
 
-#include "cli/response_summary.hpp"
+#include "protocol/response_scanner.hpp"
 #include "protocol/json_depth.hpp"
 
 using namespace agentvm;

@@ -26,8 +26,8 @@
 #include <string>
 
 #include "core/async_writer.hpp"
-#include "cli/line_reader.hpp"
-#include "cli/response_stream.hpp"
+#include "episode/line_reader.hpp"
+#include "episode/response_stream.hpp"
 #include "common/fd.hpp"
 #include "common/warn_limiter.hpp"
 #include "core/loop_timer.hpp"

@@ -1,4 +1,4 @@
-#include "cli/response_summary.hpp"
+#include "protocol/response_scanner.hpp"
 
 #include <array>
 

@@ -1,6 +1,4 @@
-#include <CLI/CLI.hpp>
-
-#include "cli/vm_options.hpp"
+#include "episode/vm_options.hpp"
 
 #include <fcntl.h>
 #include <linux/magic.h>
@@ -15,8 +13,8 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
-#include "cli/seconds_option.hpp"
-#include "cli/template_options.hpp"
+#include "episode/seconds.hpp"
+#include "episode/template_options.hpp"
 #include "protocol/cmdline.hpp"
 #include "common/error.hpp"
 #include "core/layout.hpp"
@@ -26,23 +24,10 @@
 
 namespace agentvm {
 
-bool VmOptions::given(const char* flag) const
-{
-    // A flag this role does not have was not given.
-    return command_ && command_->get_option_no_throw(flag) != nullptr && command_->count(flag) > 0;
-}
-
 namespace {
 
-// Host memory a VMM needs beyond guest memory: its own code and heap, device buffers, io_uring,
-// the page cache of its disk and snapshot files. The default limit leaves room; below the
-// minimum a VMM cannot work.
-constexpr uint64_t vmm_overhead_mib = 256;
-constexpr uint64_t vmm_minimum_overhead_mib = 64;
 // Threads of one VMM: a vCPU each, the I/O loop, and io_uring's workers for blocking I/O.
 constexpr uint64_t vmm_max_tasks = 512;
-// cgroup v2's cpu.max quota for a core count: ample for any host, far inside its range.
-constexpr double max_cpu_quota_cores = 4096;
 constexpr uint64_t file_size_slack = 64 * layout::mib;
 constexpr uint64_t max_disk_mib = CowDisk::max_capacity_bytes / layout::mib;
 
@@ -114,88 +99,25 @@ std::string default_guest_file(const std::string& name)
     return (std::filesystem::path(agentvm_binary()).parent_path() / "guest" / name).string();
 }
 
-VmOptions::VmOptions(VmRole role) : role_(role), console_(role == VmRole::boot ? "-" : "")
+VmOptions::VmOptions(VmRole role) : role_(role)
 {
-}
-
-void VmOptions::add_to(CLI::App& command)
-{
-    command_ = &command;
-    command.add_option("--kernel", kernel_, "guest kernel: vmlinux ELF or bzImage (default: the one set-up built)");
-    command.add_option("--rootfs", rootfs_, "root filesystem image, opened read-only (default: the one set-up built)");
-    command.add_option("--cpus", cpus_, "number of vCPUs")->capture_default_str();
-    command.add_option("--mem", mem_mib_, "guest memory in MiB")->capture_default_str();
-    command.add_option("--disk-size", disk_mib_,
-                       "root disk size in MiB, at least the rootfs image's: the guest's filesystem grows to fill "
-                       "it at boot, and its writes meet ENOSPC there (default: the image's size)")
-        ->check(CLI::PositiveNumber);
-    command.add_option("--guest-pids", guest_pids_,
-                       "processes and threads the guest's tool calls may have at once")
-        ->capture_default_str()
-        ->check(CLI::Range(uint32_t{1}, max_pids_max));
-    command.add_option("--cmdline", cmdline_, "extra kernel command-line parameters");
-    if (role_ == VmRole::boot)
-        command.add_option("--init-cmd", init_cmd_, "command the guest init runs with /bin/sh -c, then powers off");
-    command.add_option("--vsock-uds", vsock_uds_,
-                       "Unix socket for the guest's vsock: connect and write 'CONNECT <port>\\n' to reach a "
-                       "guest port; the guest reaches host port P at <path>_P");
-    auto* console = command.add_option(
-        "--console", console_, "where the guest serial console goes: a file path, or - for stderr");
-    if (role_ == VmRole::agent) {
-        command.add_option("--snapshot", snapshot_,
-                           "restore from this snapshot (agentvm snapshot bake) instead of booting");
-        command.add_flag("--cold", cold_, "boot, even where set-up's default snapshot exists");
-        command.add_option("--template", template_,
-                           "run template NAME (agentvm template build): its image, restored from its snapshot once "
-                           "baked; 'default' is set-up's own guest");
-    }
-    if (role_ == VmRole::bake)
-        command.add_option("--template", template_,
-                           "boot template NAME's image (agentvm template build): its shared base and its own "
-                           "blocks over it (agentvm template bake runs this)");
-    if (role_ == VmRole::agent || role_ == VmRole::bake)
-        command.add_option("--template-store", template_store_,
-                           "where templates are (default: AGENTVM_TEMPLATES, else /var/lib/agentvm/templates)");
-    command.add_flag("--no-jail", no_jail_,
-                     "debugging only: run the VMM without its jail, seccomp filters and cgroup limits "
-                     "(a hostile guest then meets fewer walls)");
-    command.add_option("--cpu-quota", cpu_quota_,
-                       "host CPU time the VMM may use, in cores (default: one per vCPU; 0: no quota)")
-        ->check(bounded_number(max_cpu_quota_cores, "cores"));
-    command.add_option("--cpu-weight", cpu_weight_,
-                       "the VMM's share of contended host CPU against other VMMs, 1-10000 (cgroup cpu.weight; "
-                       "default 100); agentvm serve starts its pool's VMs low")
-        ->check(CLI::Range(1u, 10000u));
-    command.add_option("--vmm-mem", vmm_mem_mib_,
-                       fmt::format("host memory the VMM may use in MiB, guest memory included (default: --mem + {}, "
-                                   "plus the disk's size when TMPDIR is tmpfs; 0: no limit)",
-                                   vmm_overhead_mib))
-        ->check(CLI::NonNegativeNumber);
-    if (role_ == VmRole::agent)
-        command.add_option("--episode-timeout", episode_timeout_s_,
-                           "seconds the whole episode may last; then every pending call fails and the VM stops "
-                           "(0: no limit)")
-            ->capture_default_str()
-            ->check(seconds_option(true));
-    if (role_ == VmRole::boot)
-        console->capture_default_str();
-    else
-        console->description(console->get_description() + " (default: dropped)");
+    if (role == VmRole::boot)
+        request_.console = "-";
 }
 
 VmConfig VmOptions::resolve()
 {
     VmConfig config;
-    config.jail = !no_jail_;
+    config.jail = !request_.no_jail;
     config.live_snapshots = live_snapshots_;
     config.run_thread_filter =
         role_ == VmRole::bake || live_snapshots_ ? SeccompRole::io_loop_snapshot : SeccompRole::io_loop;
-    if (no_jail_)
+    if (request_.no_jail)
         spdlog::warn("--no-jail: the VMM runs without its jail, seccomp filters and cgroup limits; use it only to debug");
-    config.kernel_path = kernel_.empty() ? default_guest_file("vmlinux") : kernel_;
-    config.rootfs_path = rootfs_.empty() ? default_guest_file("rootfs.ext4") : rootfs_;
-    if (!template_.empty())
-        check_template_name(template_);
+    config.kernel_path = request_.kernel.empty() ? default_guest_file("vmlinux") : request_.kernel;
+    config.rootfs_path = request_.rootfs.empty() ? default_guest_file("rootfs.ext4") : request_.rootfs;
+    if (!request_.template_name.empty())
+        check_template_name(request_.template_name);
     if (uses_template()) {
         for (const char* flag : {"--rootfs", "--snapshot"})
             if (given(flag))
@@ -204,44 +126,45 @@ VmConfig VmOptions::resolve()
         config.rootfs_path = resolved.rootfs;
         config.rootfs_layer = resolved.layer;
         if (!given("--cpus"))
-            cpus_ = resolved.cpus;
+            request_.cpus = resolved.cpus;
         if (!given("--mem"))
-            mem_mib_ = resolved.mem_mib;
+            request_.mem_mib = resolved.mem_mib;
     }
     require_readable_file(config.kernel_path, "kernel", "--kernel");
     require_readable_file(*config.rootfs_path, "root filesystem", "--rootfs");
 
     // The upper bound depends on KVM and is checked where the VM is built.
-    if (cpus_ == 0)
+    if (request_.cpus == 0)
         throw Error("--cpus 0 is out of range: a VM needs at least one vCPU");
-    config.vcpus = cpus_;
+    config.vcpus = request_.cpus;
 
     const uint64_t host_mib = host_ram_mib();
-    if (mem_mib_ == 0 || mem_mib_ > host_mib)
-        throw Error(fmt::format("--mem {} MiB is out of range: this host has {} MiB of RAM", mem_mib_,
+    if (request_.mem_mib == 0 || request_.mem_mib > host_mib)
+        throw Error(fmt::format("--mem {} MiB is out of range: this host has {} MiB of RAM", request_.mem_mib,
                                 host_mib));
-    config.mem_mib = mem_mib_;
+    config.mem_mib = request_.mem_mib;
     const char* tmpdir = std::getenv("TMPDIR");
     config.overlay_dir = tmpdir && *tmpdir ? tmpdir : "/var/tmp";
-    if (disk_mib_ != 0) {
+    if (request_.disk_mib != 0) {
         // Checked before multiplying: a wrapped product would be some other, valid-looking size.
-        if (disk_mib_ > max_disk_mib)
-            throw Error(fmt::format("--disk-size {} MiB is out of range: at most {} MiB", disk_mib_, max_disk_mib));
-        config.disk_bytes = disk_mib_ * layout::mib;
+        if (request_.disk_mib > max_disk_mib)
+            throw Error(fmt::format("--disk-size {} MiB is out of range: at most {} MiB", request_.disk_mib,
+                                    max_disk_mib));
+        config.disk_bytes = request_.disk_mib * layout::mib;
         check_disk_size(config);
     }
-    config.guest_pids_max = guest_pids_;
-    config.extra_cmdline = cmdline_;
-    config.init_cmd = init_cmd_;
+    config.guest_pids_max = request_.guest_pids;
+    config.extra_cmdline = request_.cmdline;
+    config.init_cmd = request_.init_cmd;
     config.serve_agent_only = role_ != VmRole::boot;
-    if (!vsock_uds_.empty())
-        config.vsock_uds = vsock_uds_;
+    if (!request_.vsock_uds.empty())
+        config.vsock_uds = request_.vsock_uds;
 
-    if (!console_.empty() && console_ != "-") {
-        const auto dir = std::filesystem::path(console_).parent_path();
+    if (!request_.console.empty() && request_.console != "-") {
+        const auto dir = std::filesystem::path(request_.console).parent_path();
         const std::string where = dir.empty() ? "." : dir.string();
         if (::access(where.c_str(), W_OK) != 0)
-            throw_errno(fmt::format("cannot write console file '{}' (--console) in '{}'", console_, where));
+            throw_errno(fmt::format("cannot write console file '{}' (--console) in '{}'", request_.console, where));
     }
     return config;
 }
@@ -249,7 +172,7 @@ VmConfig VmOptions::resolve()
 const ResolvedTemplate& VmOptions::resolved_template() const
 {
     if (!resolved_template_)
-        resolved_template_ = resolve_template(template_, template_store_);
+        resolved_template_ = resolve_template(request_.template_name, request_.template_store);
     return *resolved_template_;
 }
 
@@ -257,18 +180,19 @@ std::optional<std::string> VmOptions::snapshot_dir() const
 {
     if (role_ != VmRole::agent)
         return std::nullopt;
-    if (!snapshot_.empty()) {
-        if (cold_)
+    if (!request_.snapshot.empty()) {
+        if (request_.cold)
             throw Error("--snapshot and --cold contradict each other");
-        return snapshot_;
+        return request_.snapshot;
     }
     for (const char* flag : {"--cold", "--kernel", "--rootfs", "--cmdline", "--cpus", "--mem", "--disk-size"})
-        if (command_->count(flag) > 0)
+        if (given(flag))
             return std::nullopt;
     if (uses_template()) {
         const ResolvedTemplate& resolved = resolved_template();
         if (!resolved.snapshot)
-            spdlog::warn("template '{}' is not baked (agentvm template bake {}): booting it cold", template_, template_);
+            spdlog::warn("template '{}' is not baked (agentvm template bake {}): booting it cold",
+                         request_.template_name, request_.template_name);
         return resolved.snapshot;
     }
     const std::string baked = default_guest_file("snapshot");
@@ -279,15 +203,15 @@ std::optional<std::string> VmOptions::snapshot_dir() const
 
 int VmOptions::open_console()
 {
-    if (console_.empty())
+    if (request_.console.empty())
         return -1;
-    if (console_ == "-")
+    if (request_.console == "-")
         return STDERR_FILENO;
     struct stat st {};
-    console_created_ = ::stat(console_.c_str(), &st) != 0;
-    console_fd_ = Fd(::open(console_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+    console_created_ = ::stat(request_.console.c_str(), &st) != 0;
+    console_fd_ = Fd(::open(request_.console.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
     if (!console_fd_)
-        throw_errno(fmt::format("cannot open console file '{}' (--console)", console_));
+        throw_errno(fmt::format("cannot open console file '{}' (--console)", request_.console));
     return console_fd_.get();
 }
 
@@ -296,14 +220,14 @@ void VmOptions::apply_limits(const VmConfig& config) const
     if (!cgroup_)
         return;
     CgroupLimits limits;
-    limits.cpu_cores = cpu_quota_ < 0 ? static_cast<double>(config.vcpus) : cpu_quota_;
+    limits.cpu_cores = request_.cpu_quota < 0 ? static_cast<double>(config.vcpus) : request_.cpu_quota;
     const uint64_t floor_mib = config.mem_mib + vmm_minimum_overhead_mib;
-    if (vmm_mem_mib_ > 0 && static_cast<uint64_t>(vmm_mem_mib_) < floor_mib)
+    if (request_.vmm_mem_mib > 0 && static_cast<uint64_t>(request_.vmm_mem_mib) < floor_mib)
         throw Error(fmt::format("--vmm-mem {} MiB is too little: the guest's {} MiB of memory and the VMM's own "
                                 "{} MiB need at least {} MiB",
-                                vmm_mem_mib_, config.mem_mib, vmm_minimum_overhead_mib, floor_mib));
-    uint64_t mem_mib = static_cast<uint64_t>(vmm_mem_mib_);
-    if (vmm_mem_mib_ < 0) {
+                                request_.vmm_mem_mib, config.mem_mib, vmm_minimum_overhead_mib, floor_mib));
+    uint64_t mem_mib = static_cast<uint64_t>(request_.vmm_mem_mib);
+    if (request_.vmm_mem_mib < 0) {
         mem_mib = config.mem_mib + vmm_overhead_mib;
         // An overlay in tmpfs is memory the cgroup is charged for and cannot write back: a guest
         // filling its disk would hit the memory limit instead of ENOSPC. It can grow to the disk.
@@ -312,7 +236,7 @@ void VmOptions::apply_limits(const VmConfig& config) const
     }
     limits.memory_bytes = mem_mib * layout::mib;
     limits.max_pids = vmm_max_tasks;
-    limits.cpu_weight = cpu_weight_;
+    limits.cpu_weight = request_.cpu_weight;
     cgroup_->limit(limits);
 }
 
@@ -337,16 +261,16 @@ JailSpec VmOptions::jail_spec(const VmConfig& config) const
 
 std::optional<std::chrono::milliseconds> VmOptions::episode_timeout() const
 {
-    if (role_ != VmRole::agent || episode_timeout_s_ == 0)
+    if (role_ != VmRole::agent || request_.episode_timeout_s == 0)
         return std::nullopt;
-    return seconds_to_ms(episode_timeout_s_);
+    return seconds_to_ms(request_.episode_timeout_s);
 }
 
 void VmOptions::discard_console()
 {
     console_fd_.reset();
     if (console_created_)
-        ::unlink(console_.c_str());
+        ::unlink(request_.console.c_str());
 }
 
 } // namespace agentvm

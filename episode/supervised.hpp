@@ -5,7 +5,7 @@
 
 #include <functional>
 
-#include "cli/vm_options.hpp"
+#include "episode/vm_options.hpp"
 
 namespace agentvm {
 

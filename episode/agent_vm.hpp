@@ -7,9 +7,9 @@
 #include <optional>
 #include <string>
 
-#include "cli/agent_link.hpp"
-#include "cli/stop_signals.hpp"
-#include "cli/vm_options.hpp"
+#include "episode/agent_link.hpp"
+#include "episode/stop_signals.hpp"
+#include "episode/vm_options.hpp"
 #include "vmm/kvm.hpp"
 #include "vmm/snapshot.hpp"
 #include "vmm/vm.hpp"

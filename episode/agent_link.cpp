@@ -1,4 +1,4 @@
-#include "cli/agent_link.hpp"
+#include "episode/agent_link.hpp"
 
 #include <sys/random.h>
 #include <time.h>

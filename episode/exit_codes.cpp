@@ -1,4 +1,4 @@
-#include "cli/exit_codes.hpp"
+#include "episode/exit_codes.hpp"
 
 namespace agentvm::exit_code {
 

@@ -1,4 +1,4 @@
-#include "cli/bake_calls.hpp"
+#include "episode/bake_calls.hpp"
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>

@@ -1,4 +1,4 @@
-#include "cli/template_options.hpp"
+#include "episode/template_options.hpp"
 
 #include <filesystem>
 

@@ -1,4 +1,4 @@
-#include "cli/supervised.hpp"
+#include "episode/supervised.hpp"
 
 #include <unistd.h>
 

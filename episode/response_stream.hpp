@@ -13,7 +13,7 @@
 #include <optional>
 #include <string>
 
-#include "cli/response_summary.hpp"
+#include "protocol/response_scanner.hpp"
 #include "core/fd_reader.hpp"
 
 namespace agentvm {

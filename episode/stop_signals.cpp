@@ -1,4 +1,4 @@
-#include "cli/stop_signals.hpp"
+#include "episode/stop_signals.hpp"
 
 #include <signal.h>
 #include <sys/signalfd.h>

@@ -1,4 +1,4 @@
-#include "cli/line_reader.hpp"
+#include "episode/line_reader.hpp"
 
 #include <utility>
 

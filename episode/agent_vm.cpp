@@ -1,4 +1,4 @@
-#include "cli/agent_vm.hpp"
+#include "episode/agent_vm.hpp"
 
 #include <malloc.h>
 

@@ -1,4 +1,4 @@
-#include "cli/response_stream.hpp"
+#include "episode/response_stream.hpp"
 
 #include <utility>
 

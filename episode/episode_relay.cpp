@@ -1,4 +1,4 @@
-#include "cli/episode_relay.hpp"
+#include "episode/episode_relay.hpp"
 
 #include <sys/socket.h>
 
@@ -10,7 +10,7 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
-#include "cli/response_summary.hpp"
+#include "protocol/response_scanner.hpp"
 #include "protocol/agent_protocol.hpp"
 
 namespace agentvm {

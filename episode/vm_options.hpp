@@ -1,24 +1,21 @@
-// The flags every VM-starting command shares (boot, run, episode), and their
-// validation into a VmConfig. Each bad value is one clear line naming the flag.
+// What every VM-starting command (boot, run, episode, snapshot bake) asks of its VM, and
+// its validation into a VmConfig, with the defaults and what follows from it: the snapshot,
+// the console, the cgroup's limits, the jail. The flags that fill it are cli/vm_flags.hpp;
+// each bad value is one clear line naming its flag.
 #pragma once
-
 
 #include <chrono>
 #include <cstdint>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
-#include "cli/template_options.hpp"
+#include "episode/template_options.hpp"
 #include "vmm/cgroup.hpp"
 #include "common/fd.hpp"
 #include "vmm/jail.hpp"
 #include "vmm/vm_config.hpp"
-
-// CLI11 is header-only and slow to compile: only the files that add options include it.
-namespace CLI {
-class App;
-} // namespace CLI
 
 namespace agentvm {
 
@@ -28,10 +25,46 @@ namespace agentvm {
 // bake: as agent, but always boots (it makes the snapshot).
 enum class VmRole { boot, agent, bake };
 
+// Host memory a VMM needs beyond guest memory: its own code and heap, device buffers, io_uring,
+// the page cache of its disk and snapshot files. The default limit leaves room; below the
+// minimum a VMM cannot work.
+inline constexpr uint64_t vmm_overhead_mib = 256;
+inline constexpr uint64_t vmm_minimum_overhead_mib = 64;
+// cgroup v2's cpu.max quota for a core count: ample for any host, far inside its range.
+inline constexpr double max_cpu_quota_cores = 4096;
+
+// What the user asked for, each field named after its flag; unset ones keep these defaults.
+struct VmRequest {
+    std::string kernel;
+    std::string rootfs;
+    uint32_t cpus = 1;
+    uint64_t mem_mib = 512;
+    uint64_t disk_mib = 0;         // unset: the rootfs image's size
+    uint32_t guest_pids = default_pids_max;
+    std::string cmdline;
+    std::optional<std::string> init_cmd;
+    std::string console;           // boot: "-", the others: "" (dropped)
+    std::string vsock_uds;
+    std::string snapshot;
+    std::string template_name;
+    std::string template_store;
+    bool cold = false;
+    bool no_jail = false;
+    double cpu_quota = -1;         // unset: one core per vCPU
+    unsigned cpu_weight = 0;       // unset: the cgroup's default
+    int64_t vmm_mem_mib = -1;      // unset: guest memory + vmm_overhead_mib
+    double episode_timeout_s = 3600;
+    // The flags the user gave ("--cpus"), so that a snapshot's or a template's own values
+    // yield only to those.
+    std::set<std::string> given;
+};
+
 class VmOptions {
 public:
     explicit VmOptions(VmRole role);
-    void add_to(CLI::App& command);
+    VmRole role() const { return role_; }
+    // Filled from the command line before anything below is asked.
+    VmRequest& request() { return request_; }
 
     // Checks files, sizes and counts against this host. Throws Error. The console is left
     // unset: it is opened last, once nothing else can fail first.
@@ -42,11 +75,11 @@ public:
     // which a snapshot has fixed).
     std::optional<std::string> snapshot_dir() const;
     // Whether --snapshot (or --template) named the snapshot (rather than set-up's default being used).
-    bool snapshot_given() const { return !snapshot_.empty() || uses_template(); }
+    bool snapshot_given() const { return !request_.snapshot.empty() || uses_template(); }
     // Whether --template names a template other than set-up's default guest.
-    bool uses_template() const { return !template_.empty() && template_ != "default"; }
+    bool uses_template() const { return !request_.template_name.empty() && request_.template_name != "default"; }
     // Whether the user gave `flag` (so a snapshot's own value must match it).
-    bool given(const char* flag) const;
+    bool given(const std::string& flag) const { return request_.given.contains(flag); }
 
     // Opens --console (a file, or stderr for "-") and returns the fd to write the console to,
     // or -1 when it is dropped.
@@ -56,9 +89,12 @@ public:
 
     // The jail and the limits (SECURITY.md). Without --no-jail the command's VM runs in a
     // jailed child process (run_jailed); these are for that child.
-    bool jailed() const { return !no_jail_; }
+    bool jailed() const { return !request_.no_jail; }
     // The cgroup the supervisor made for this VMM, or none: --cpu-quota 0 --vmm-mem 0.
-    bool wants_cgroup() const { return cpu_quota_ != 0 || vmm_mem_mib_ != 0 || cpu_weight_ != 0; }
+    bool wants_cgroup() const
+    {
+        return request_.cpu_quota != 0 || request_.vmm_mem_mib != 0 || request_.cpu_weight != 0;
+    }
     void attach_cgroup(VmCgroup* cgroup) { cgroup_ = cgroup; }
     // Once the VM's vCPU count and memory size are known (a snapshot may set them): the
     // cgroup limits. Throws Error for a --vmm-mem too small for the guest.
@@ -86,31 +122,12 @@ private:
     const ResolvedTemplate& resolved_template() const;
 
     VmRole role_;
-    std::string kernel_;
-    std::string rootfs_;
-    uint32_t cpus_ = 1;
-    uint64_t mem_mib_ = 512;
-    uint64_t disk_mib_ = 0;         // unset: the rootfs image's size
-    uint32_t guest_pids_ = default_pids_max;
-    std::string cmdline_;
-    std::optional<std::string> init_cmd_;
-    std::string console_;
-    std::string vsock_uds_;
-    std::string snapshot_;
-    std::string template_;
-    std::string template_store_;
+    VmRequest request_;
     // --template's manifest, read once for both the config and the snapshot.
     mutable std::optional<ResolvedTemplate> resolved_template_;
-    bool cold_ = false;
-    bool no_jail_ = false;
     bool live_snapshots_ = false;
-    double cpu_quota_ = -1;         // unset: one core per vCPU
-    unsigned cpu_weight_ = 0;       // unset: the cgroup's default
-    int64_t vmm_mem_mib_ = -1;      // unset: guest memory + vmm_overhead_mib
-    double episode_timeout_s_ = 3600;
     VmCgroup* cgroup_ = nullptr;
     std::vector<JailDir> kept_dirs_;
-    CLI::App* command_ = nullptr;
     Fd console_fd_;
     bool console_created_ = false;
 };
