@@ -138,14 +138,18 @@ def fork_children():
         expect(taken["tracked"] == tracked,
                f"the snapshot says tracked={taken['tracked']}, this kernel {'keeps' if tracked else 'keeps no'} "
                f"soft-dirty bits")
-        # The parent runs on, unchanged.
+        # The parent runs on, unchanged; its churn has done its part. Each VM churning a
+        # thread at once starved the others' calls past their timeout on a loaded CI host, so
+        # the children start one after another, and each stops its copy of the churn first.
+        python(parent, 'churn_state["stop"] = True\nchurn_thread.join()')
         child_state(parent)
-        children = [Episode(AGENTVM, "--snapshot", taken["path"]) for _ in range(CHILDREN)]
         uuids, randoms = set(), set()
-        for i, child in enumerate(children):
-            child_state(child)
+        for i in range(CHILDREN):
+            child = Episode(AGENTVM, "--snapshot", taken["path"])
+            children.append(child)
             stale = python(child, CHURN_CHECK)["result"]
             expect(stale == "[]", f"child {i}: pages of the buffer written during the snapshot are stale: {stale}")
+            child_state(child)
             shell(child, f"echo child-{i} > /work/mine")
             uuids.add(shell(child, "cat /proc/sys/kernel/random/uuid").strip())
             randoms.add(python(child, "import os\nos.urandom(16).hex()")["result"])
