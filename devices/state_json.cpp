@@ -1,7 +1,6 @@
 #include "devices/state_json.hpp"
 
 #include <linux/virtio_config.h>
-#include <linux/virtio_vsock.h>
 // The legacy part of virtio_ring.h (vring_init) is not valid C++; we need none of it.
 #ifndef VIRTIO_RING_NO_LEGACY
 #define VIRTIO_RING_NO_LEGACY
@@ -11,8 +10,6 @@
 #include <algorithm>
 #include <concepts>
 #include <limits>
-#include <map>
-#include <set>
 #include <string>
 #include <utility>
 
@@ -24,168 +21,6 @@ namespace agentvm {
 
 using nlohmann::json;
 using namespace state_codec;
-
-namespace {
-
-// --- virtio-vsock pieces ------------------------------------------------------------------
-
-using ConnState = VirtioVsock::ConnState;
-
-constexpr std::pair<ConnState, std::string_view> conn_state_names[] = {
-    {ConnState::connecting, "connecting"},
-    {ConnState::established, "established"},
-};
-
-std::string_view conn_state_name(ConnState state)
-{
-    for (const auto& [value, name] : conn_state_names)
-        if (value == state)
-            return name;
-    return "invalid";  // restore() refuses it; save() never makes it
-}
-
-// The replies the device queues: SHUTDOWN and data go out from their connection instead.
-constexpr std::pair<uint16_t, std::string_view> queued_ops[] = {
-    {VIRTIO_VSOCK_OP_REQUEST, "REQUEST"},
-    {VIRTIO_VSOCK_OP_RESPONSE, "RESPONSE"},
-    {VIRTIO_VSOCK_OP_RST, "RST"},
-    {VIRTIO_VSOCK_OP_CREDIT_UPDATE, "CREDIT_UPDATE"},
-};
-
-// Empty for an op the device never queues.
-std::string_view queued_op_name(uint16_t op)
-{
-    for (const auto& [value, name] : queued_ops)
-        if (value == op)
-            return name;
-    return {};
-}
-
-json conn_id_json(VsockConnId id)
-{
-    return {{"host_port", id.host_port}, {"guest_port", id.guest_port}};
-}
-
-VsockConnId parse_conn_id(const json& j, std::string_view path)
-{
-    Fields f(j, path);
-    VsockConnId id;
-    id.host_port = f.uint<uint32_t>("host_port");
-    id.guest_port = f.uint<uint32_t>("guest_port");
-    f.done();
-    return id;
-}
-
-ConnState parse_conn_state(const json& j, std::string_view path)
-{
-    if (!j.is_string())
-        fail(path, fmt::format("expected a string, got {}", describe(j)));
-    const auto& text = j.get_ref<const std::string&>();
-    for (const auto& [value, name] : conn_state_names)
-        if (text == name)
-            return value;
-    fail(path, fmt::format("unknown state \"{}\"", printable(text)));
-}
-
-json connection_json(const VirtioVsock::ConnectionState& c)
-{
-    return {
-        {"id", conn_id_json(c.id)},
-        {"state", conn_state_name(c.state)},
-        {"local_shutdown", c.local_shutdown},
-        {"peer_shutdown", c.peer_shutdown},
-        {"shutdown_sent", c.shutdown_sent},
-        {"credit_update_queued", c.credit_update_queued},
-        {"send_blocked", c.send_blocked},
-        {"rx_cnt", c.rx_cnt},
-        {"fwd_cnt", c.fwd_cnt},
-        {"last_sent_fwd_cnt", c.last_sent_fwd_cnt},
-        {"tx_cnt", c.tx_cnt},
-        {"peer_buf_alloc", c.peer_buf_alloc},
-        {"peer_fwd_cnt", c.peer_fwd_cnt},
-        {"pending", json::binary(c.pending)},
-    };
-}
-
-VirtioVsock::ConnectionState parse_connection(const json& j, std::string_view path)
-{
-    Fields f(j, path);
-    VirtioVsock::ConnectionState c;
-    c.id = parse_conn_id(f.at("id"), f.path("id"));
-    c.state = parse_conn_state(f.at("state"), f.path("state"));
-    c.local_shutdown = f.uint<uint32_t>("local_shutdown");
-    c.peer_shutdown = f.uint<uint32_t>("peer_shutdown");
-    c.shutdown_sent = f.boolean("shutdown_sent");
-    c.credit_update_queued = f.boolean("credit_update_queued");
-    c.send_blocked = f.boolean("send_blocked");
-    c.rx_cnt = f.uint<uint32_t>("rx_cnt");
-    c.fwd_cnt = f.uint<uint32_t>("fwd_cnt");
-    c.last_sent_fwd_cnt = f.uint<uint32_t>("last_sent_fwd_cnt");
-    c.tx_cnt = f.uint<uint32_t>("tx_cnt");
-    c.peer_buf_alloc = f.uint<uint32_t>("peer_buf_alloc");
-    c.peer_fwd_cnt = f.uint<uint32_t>("peer_fwd_cnt");
-    c.pending = f.bytes("pending");
-    f.done();
-
-    // restore() checks the shutdown bits, the send queue against its cap, the receive counters
-    // against the credit we advertise (which bounds what the backend holds), and
-    // credit_update_queued against the reply queue. What it assumes:
-    if (c.state == ConnState::connecting) {
-        // Until the guest's RESPONSE only our REQUEST has passed: any other packet from the
-        // guest drops the connection, so does the host's shutdown(), and nothing is delivered.
-        const std::pair<std::string_view, uint32_t> untouched[] = {
-            {"local_shutdown", c.local_shutdown},
-            {"peer_shutdown", c.peer_shutdown},
-            {"shutdown_sent", c.shutdown_sent},
-            {"credit_update_queued", c.credit_update_queued},
-            {"rx_cnt", c.rx_cnt},
-            {"fwd_cnt", c.fwd_cnt},
-            {"last_sent_fwd_cnt", c.last_sent_fwd_cnt},
-            {"tx_cnt", c.tx_cnt},
-            {"peer_buf_alloc", c.peer_buf_alloc},
-            {"peer_fwd_cnt", c.peer_fwd_cnt},
-        };
-        for (const auto& [name, value] : untouched)
-            if (value != 0)
-                fail(f.path(name), fmt::format("{} on a connection still connecting, which has exchanged nothing",
-                                               value));
-    }
-    // The guest shutting down both directions makes the device answer RST and drop the connection.
-    if (c.peer_shutdown == vsock_shutdown_both)
-        fail(f.path("peer_shutdown"), "the guest shut down both directions, yet the connection is live");
-    // Its SHUTDOWN(RCV) dropped what waited for it, and send() takes nothing afterwards.
-    if ((c.peer_shutdown & VIRTIO_VSOCK_SHUTDOWN_RCV) && !c.pending.empty())
-        fail(f.path("pending"), fmt::format("{} bytes wait for a guest that shut down receiving", c.pending.size()));
-    if (c.shutdown_sent && c.local_shutdown == 0)
-        fail(f.path("shutdown_sent"), "set, yet the host shut nothing down");
-    return c;
-}
-
-json control_json(const VirtioVsock::ControlState& c)
-{
-    return {{"id", conn_id_json(c.id)}, {"op", c.op}, {"flags", c.flags}, {"src_cid", c.src_cid}};
-}
-
-VirtioVsock::ControlState parse_control(const json& j, std::string_view path)
-{
-    Fields f(j, path);
-    VirtioVsock::ControlState c;
-    c.id = parse_conn_id(f.at("id"), f.path("id"));
-    c.op = f.uint<uint16_t>("op");
-    c.flags = f.uint<uint32_t>("flags");
-    c.src_cid = f.uint<uint64_t>("src_cid");
-    f.done();
-
-    // restore() takes any known op with shutdown flags, and checks that only an RST comes from
-    // a CID other than the host's. The device queues four ops, never with flags.
-    if (queued_op_name(c.op).empty())
-        fail(f.path("op"), fmt::format("{} is not a reply the device queues", c.op));
-    if (c.flags != 0)
-        fail(f.path("flags"), fmt::format("{:#x} on a {}, which carries none", c.flags, queued_op_name(c.op)));
-    return c;
-}
-
-} // namespace
 
 // --- encoding -----------------------------------------------------------------------------
 
@@ -262,19 +97,7 @@ void to_json(json& j, const VirtioBlk::State& s)
 
 void to_json(json& j, const VirtioVsock::State& s)
 {
-    json connections = json::array();
-    for (const auto& c : s.connections)
-        connections.push_back(connection_json(c));
-    json control = json::array();
-    for (const auto& c : s.control)
-        control.push_back(control_json(c));
-    j = {
-        {"guest_cid", s.guest_cid},
-        {"connections", std::move(connections)},
-        {"control", std::move(control)},
-        {"event_pending", s.event_pending},
-        {"reset_avail", s.reset_avail ? json(*s.reset_avail) : json(nullptr)},
-    };
+    j = {{"guest_cid", s.guest_cid}};
 }
 
 // --- decoding -----------------------------------------------------------------------------
@@ -421,46 +244,8 @@ VirtioVsock::State state_from_json<VirtioVsock::State>(const json& j, std::strin
     Fields f(j, path);
     VirtioVsock::State s;
     s.guest_cid = f.uint<uint64_t>("guest_cid");
-    const std::string connections_path = f.path("connections");
-    const json& connections = f.array("connections");
-    for (size_t i = 0; i < connections.size(); ++i)
-        s.connections.push_back(parse_connection(connections[i], element(connections_path, i)));
-    const std::string control_path = f.path("control");
-    const json& control = f.array("control");
-    for (size_t i = 0; i < control.size(); ++i)
-        s.control.push_back(parse_control(control[i], element(control_path, i)));
-    s.event_pending = f.boolean("event_pending");
-    s.reset_avail = f.optional_uint<uint16_t>("reset_avail");
     f.done();
-
-    // restore() checks the CID, the counts, that connections are sorted and unique, and that
-    // each connection's credit_update_queued matches the reply queue. What it assumes: the
-    // replies other than RST belong to a live connection (dropping one drops its replies),
-    // one of each kind at most.
-    std::map<VsockConnId, ConnState> state_of;
-    for (const auto& c : s.connections)
-        state_of.emplace(c.id, c.state);  // duplicates are restore()'s to refuse
-    std::set<std::pair<VsockConnId, bool>> seen;  // (id, is CREDIT_UPDATE)
-    for (size_t i = 0; i < s.control.size(); ++i) {
-        const VirtioVsock::ControlState& q = s.control[i];
-        if (q.op == VIRTIO_VSOCK_OP_RST || q.src_cid != vsock_host_cid)
-            continue;  // an RST may name any port pair; restore() refuses other foreign CIDs
-        const auto where = element(control_path, i);
-        const auto it = state_of.find(q.id);
-        if (it == state_of.end())
-            fail(where, fmt::format("{} for connection {}:{}, which does not exist", queued_op_name(q.op), q.id.host_port,
-                                    q.id.guest_port));
-        // A guest that answers before our REQUEST reached it leaves the REQUEST queued on an
-        // established connection; a RESPONSE only ever follows the guest's own REQUEST.
-        if (q.op == VIRTIO_VSOCK_OP_RESPONSE && it->second != ConnState::established)
-            fail(where, fmt::format("RESPONSE for connection {}:{}, which is still connecting", q.id.host_port,
-                                    q.id.guest_port));
-        // A connection opens once (REQUEST or RESPONSE) and has one CREDIT_UPDATE queued at most.
-        if (!seen.emplace(q.id, q.op == VIRTIO_VSOCK_OP_CREDIT_UPDATE).second)
-            fail(where, fmt::format("a second {} for connection {}:{}",
-                                    q.op == VIRTIO_VSOCK_OP_CREDIT_UPDATE ? "CREDIT_UPDATE" : "REQUEST or RESPONSE",
-                                    q.id.host_port, q.id.guest_port));
-    }
+    // restore() checks the CID.
     return s;
 }
 

@@ -9,19 +9,18 @@
 //    byte strings), every field present and no other, and every invariant that save() always
 //    meets and the device's restore() assumes without checking. What restore() checks itself
 //    (queue sizes against the queue's maximum, features against those offered, the disk's
-//    size, the UART's reserved bits, vsock credit counters) is left to it; so is everything
-//    that depends on the device rather than on the State alone.
+//    size, the UART's reserved bits, the vsock CID) is left to it; so is everything that
+//    depends on the device rather than on the State alone.
 // Every failure is Error("snapshot: <path>: <why>"), the path naming the field the way C++
-// would: "vsock.connections[2].fwd_cnt".
+// would: "blk.transport.queues[0].next_used".
 //
 // Restore decoded states into freshly built devices only, and throw the devices away if any
 // restore() throws: each refuses a state that does not fit it, and leaves that device as it
 // was, but devices restored before it keep their new state.
 //
 // Layout: one object per State, with the struct's field names as keys. Byte vectors
-// (Serial::State::rx_fifo, ConnectionState::pending) are CBOR byte strings; the CowDisk bitmap
-// is the runs of written sectors, [[first, count], ...]; VsockConnId is {"host_port", "guest_port"}; ConnState is the
-// string "connecting" or "established".
+// (Serial::State::rx_fifo) are CBOR byte strings; the CowDisk bitmap is the runs of written
+// sectors, [[first, count], ...].
 #pragma once
 
 #include <cstddef>

@@ -157,30 +157,24 @@ void VirtioVsock::activate(const VirtioContext& ctx)
     ctx_ = ctx;
     active_ = true;
     broken_ = false;
-    restored_ = false;
 }
 
 void VirtioVsock::reset()
 {
-    // The driver is gone, and with it every guest socket. The backend hears about each
-    // connection; this runs on the thread that wrote Status.
+    // The driver is gone, and with it every guest socket. This runs on the thread that wrote
+    // Status: the backend hears which connections went, and undoes them on its own thread.
     ctx_ = {};
     active_ = false;
     broken_ = false;
     std::fill(std::begin(used_added_), std::end(used_added_), false);
-    if (restored_) {
-        // The transport's restore() resets the device before re-activating it; the state
-        // restore() just staged is what the guest had, not a driver reset.
-        restored_ = false;
-        return;
-    }
     control_.clear();
-    event_pending_ = false;
-    reset_avail_.reset();
-    auto old = std::move(conns_);
+    std::vector<VsockConnId> gone;
+    gone.reserve(conns_.size());
+    for (const auto& [id, conn] : conns_)
+        gone.push_back(id);
     conns_.clear();
-    for (const auto& [id, conn] : old)
-        backend_.on_closed(id);
+    if (!gone.empty())
+        backend_.on_reset(gone);
 }
 
 void VirtioVsock::process_queue(size_t index)
@@ -192,13 +186,13 @@ void VirtioVsock::process_queue(size_t index)
     pump();
 }
 
-VirtioVsock::Connection* VirtioVsock::find(VsockConnId id)
+VsockConnection* VirtioVsock::find(VsockConnId id)
 {
     auto it = conns_.find(id);
     return it == conns_.end() ? nullptr : &it->second;
 }
 
-const VirtioVsock::Connection* VirtioVsock::find(VsockConnId id) const
+const VsockConnection* VirtioVsock::find(VsockConnId id) const
 {
     auto it = conns_.find(id);
     return it == conns_.end() ? nullptr : &it->second;
@@ -285,19 +279,17 @@ void VirtioVsock::handle_packet(const VsockPacket& pkt)
         if (ours && find(id))
             drop_connection(id, h.op != VIRTIO_VSOCK_OP_RST, true);
         else if (h.op != VIRTIO_VSOCK_OP_RST)  // never answer an RST with one
-            queue_control(id, VIRTIO_VSOCK_OP_RST, 0, ours ? vsock_host_cid : h.dst_cid);
+            control_.push(id, VIRTIO_VSOCK_OP_RST, ours ? vsock_host_cid : h.dst_cid);
         return;
     }
     case VsockPacket::Kind::ok:
         break;
     }
 
-    Connection* conn = find(id);
+    VsockConnection* conn = find(id);
     if (conn) {
-        // Every packet carries the guest's current credit (§5.10.6.3).
-        conn->s.peer_buf_alloc = h.buf_alloc;
-        conn->s.peer_fwd_cnt = h.fwd_cnt;
-        if (conn->s.state == ConnState::connecting && h.op != VIRTIO_VSOCK_OP_RESPONSE &&
+        conn->record_peer_credit(h.buf_alloc, h.fwd_cnt);
+        if (conn->phase() == VsockConnection::Phase::connecting && h.op != VIRTIO_VSOCK_OP_RESPONSE &&
             h.op != VIRTIO_VSOCK_OP_RST) {
             guest_warn(warn_, "virtio-vsock: op {} on {}->{} before RESPONSE", h.op, h.src_port, h.dst_port);
             drop_connection(id, true, true);
@@ -306,7 +298,7 @@ void VirtioVsock::handle_packet(const VsockPacket& pkt)
     } else if (h.op != VIRTIO_VSOCK_OP_REQUEST) {
         // No such connection: RST, unless that is what it is (§5.10.6.4).
         if (h.op != VIRTIO_VSOCK_OP_RST)
-            queue_control(id, VIRTIO_VSOCK_OP_RST);
+            control_.push(id, VIRTIO_VSOCK_OP_RST);
         return;
     }
 
@@ -318,44 +310,34 @@ void VirtioVsock::handle_packet(const VsockPacket& pkt)
             return;
         }
         if (conns_.size() >= max_connections || !backend_.on_connect_request(id)) {
-            queue_control(id, VIRTIO_VSOCK_OP_RST);
+            control_.push(id, VIRTIO_VSOCK_OP_RST);
             return;
         }
-        Connection fresh;
-        fresh.s.id = id;
-        fresh.s.state = ConnState::established;
-        fresh.s.peer_buf_alloc = h.buf_alloc;
-        fresh.s.peer_fwd_cnt = h.fwd_cnt;
+        VsockConnection fresh(VsockConnection::Phase::established);
+        fresh.record_peer_credit(h.buf_alloc, h.fwd_cnt);
         if (!conns_.try_emplace(id, std::move(fresh)).second) {
             // The backend opened the same id from inside its callback; refuse both.
             drop_connection(id, true, true);
             return;
         }
-        queue_control(id, VIRTIO_VSOCK_OP_RESPONSE);
+        control_.push(id, VIRTIO_VSOCK_OP_RESPONSE);
         return;
     }
     case VIRTIO_VSOCK_OP_RESPONSE:
-        if (conn->s.state != ConnState::connecting) {
+        if (conn->phase() != VsockConnection::Phase::connecting) {
             guest_warn(warn_, "virtio-vsock: RESPONSE on established {}->{}", h.src_port, h.dst_port);
             drop_connection(id, true, true);
             return;
         }
-        conn->s.state = ConnState::established;
+        conn->establish();
         backend_.on_connected(id);
         return;
     case VIRTIO_VSOCK_OP_RST:
         drop_connection(id, false, true);
         return;
     case VIRTIO_VSOCK_OP_SHUTDOWN: {
-        const uint32_t flags = h.flags & vsock_shutdown_both;  // unknown bits are ignored
-        conn->s.peer_shutdown |= flags;
-        if (flags & VIRTIO_VSOCK_SHUTDOWN_RCV) {
-            // The guest reads no more: what we hold for it can never be delivered.
-            conn->chunks.clear();
-            conn->front_offset = 0;
-            conn->queued = 0;
-        }
-        const bool both = conn->s.peer_shutdown == vsock_shutdown_both;
+        const uint32_t flags = conn->shut_peer(h.flags);
+        const bool both = conn->peer_shutdown() == vsock_shutdown_both;
         if (flags != 0)
             backend_.on_shutdown(id, flags);
         // Both directions closed: answer RST, as Linux's host side does (the guest's close()
@@ -377,124 +359,79 @@ void VirtioVsock::handle_packet(const VsockPacket& pkt)
     }
 }
 
-void VirtioVsock::handle_rw(VsockConnId id, Connection& conn, const VsockPacket& pkt)
+void VirtioVsock::handle_rw(VsockConnId id, VsockConnection& conn, const VsockPacket& pkt)
 {
-    ConnectionState& s = conn.s;
-    if (s.peer_shutdown & VIRTIO_VSOCK_SHUTDOWN_SEND) {
+    if (conn.peer_stopped_sending()) {
         guest_warn(warn_, "virtio-vsock: data on {}->{} after the guest shut down sending", id.guest_port, id.host_port);
         drop_connection(id, true, true);
         return;
     }
     const auto len = static_cast<uint32_t>(pkt.payload.size());
-    // The credit we advertised: what the guest may have in flight given the fwd_cnt it saw.
-    const uint32_t used = s.rx_cnt - s.last_sent_fwd_cnt;
-    if (used > conn_buf_alloc || len > conn_buf_alloc - used) {
+    if (!conn.accept_rx(len)) {
+        const VsockCounters& c = conn.counters();
         guest_warn(warn_, "virtio-vsock: {}->{} sent {} bytes beyond its credit ({} of {} in use)", id.guest_port,
-                   id.host_port, len, used, conn_buf_alloc);
+                   id.host_port, len, c.rx_cnt - c.last_sent_fwd_cnt, conn_buf_alloc);
         drop_connection(id, true, true);
         return;
     }
     if (len == 0)
         return;
-    s.rx_cnt += len;
     size_t taken = len;
-    if (!(s.local_shutdown & VIRTIO_VSOCK_SHUTDOWN_RCV))
+    if (!conn.host_stopped_reading())
         taken = backend_.on_data(id, pkt.payload);
     // else: the host reads no more; the bytes are discarded, which frees their credit.
-    Connection* again = find(id);  // the callback may have reset the connection
+    VsockConnection* again = find(id);  // the callback may have reset the connection
     if (!again)
         return;
-    ConnectionState& now = again->s;
-    now.fwd_cnt += static_cast<uint32_t>(std::min<size_t>(taken, now.rx_cnt - now.fwd_cnt));
-    maybe_credit_update(id, *again);
+    again->forwarded(taken);
+    if (again->credit_update_due())
+        queue_credit_update(id, *again);
 }
 
-void VirtioVsock::maybe_credit_update(VsockConnId id, Connection& conn)
+void VirtioVsock::queue_credit_update(VsockConnId id, VsockConnection& conn)
 {
-    const ConnectionState& s = conn.s;
-    if (s.fwd_cnt == s.last_sent_fwd_cnt)
-        return;  // nothing freed that the guest does not know about
-    const uint32_t guest_view_used = s.rx_cnt - s.last_sent_fwd_cnt;
-    const uint32_t guest_view_free = guest_view_used >= conn_buf_alloc ? 0 : conn_buf_alloc - guest_view_used;
-    if (guest_view_free < credit_update_threshold)
-        queue_credit_update(id, conn);
-}
-
-void VirtioVsock::queue_credit_update(VsockConnId id, Connection& conn)
-{
-    if (conn.s.credit_update_queued)
-        return;
-    conn.s.credit_update_queued = true;
-    queue_control(id, VIRTIO_VSOCK_OP_CREDIT_UPDATE);
-}
-
-void VirtioVsock::queue_control(VsockConnId id, uint16_t op, uint32_t flags, uint64_t src_cid)
-{
-    control_.push_back({id, op, flags, src_cid});
+    if (conn.want_credit_update())
+        control_.push(id, VIRTIO_VSOCK_OP_CREDIT_UPDATE);
 }
 
 void VirtioVsock::drop_connection(VsockConnId id, bool rst, bool notify)
 {
     conns_.erase(id);
-    // Replies still queued for it would name a connection the guest is about to forget.
-    std::erase_if(control_, [&](const ControlState& c) { return c.id == id && c.src_cid == vsock_host_cid; });
+    control_.forget(id);
     if (rst)
-        queue_control(id, VIRTIO_VSOCK_OP_RST);
+        control_.push(id, VIRTIO_VSOCK_OP_RST);
     if (notify)
         backend_.on_closed(id);
 }
 
-uint32_t VirtioVsock::peer_credit(const Connection& conn) const
+std::optional<VsockConnId> VirtioVsock::next_with_data() const
 {
-    // A guest that reports a fwd_cnt ahead of what we sent makes in_flight wrap huge: no credit.
-    const uint32_t in_flight = conn.s.tx_cnt - conn.s.peer_fwd_cnt;
-    return in_flight >= conn.s.peer_buf_alloc ? 0 : conn.s.peer_buf_alloc - in_flight;
-}
-
-bool VirtioVsock::deliverable(const Connection& conn) const
-{
-    const ConnectionState& s = conn.s;
-    if (s.state != ConnState::established)
-        return false;
-    if (conn.queued > 0)
-        return peer_credit(conn) > 0;
-    return s.local_shutdown != 0 && !s.shutdown_sent;
-}
-
-bool VirtioVsock::awaiting_reset()
-{
-    if (event_pending_)
-        return true;
-    if (!reset_avail_)
-        return false;
-    if (ctx_.queues[event_queue].avail_idx(*ctx_.mem) == *reset_avail_)
-        return true;
-    reset_avail_.reset();
-    return false;
+    // Round robin: the first connection with something to send after the last one served.
+    auto pick = [&](auto first, auto last) -> std::optional<VsockConnId> {
+        for (auto it = first; it != last; ++it)
+            if (it->second.deliverable())
+                return it->first;
+        return std::nullopt;
+    };
+    const auto split = conns_.upper_bound(rr_cursor_);
+    if (auto id = pick(split, conns_.end()))
+        return id;
+    return pick(conns_.begin(), split);
 }
 
 void VirtioVsock::deliver_rx()
 {
-    if (awaiting_reset())
+    if (control_.rx_held([this] { return ctx_.queues[event_queue].avail_idx(*ctx_.mem); }))
         return;
     Virtqueue& queue = ctx_.queues[rx_queue];
     const GuestMemory& mem = *ctx_.mem;
     for (;;) {
         // Pick what goes next before taking a buffer: replies first (a RESPONSE must precede
-        // the connection's data), then connections round robin after the last one served.
+        // the connection's data), then connections round robin.
         const bool control = !control_.empty();
         std::optional<VsockConnId> data_id;
         if (!control) {
-            auto pick = [&](auto first, auto last) -> std::optional<VsockConnId> {
-                for (auto it = first; it != last; ++it)
-                    if (deliverable(it->second))
-                        return it->first;
-                return std::nullopt;
-            };
-            const auto split = conns_.upper_bound(rr_cursor_);
-            data_id = pick(split, conns_.end());
-            if (!data_id)
-                data_id = pick(conns_.begin(), split);
+            data_id = next_with_data();
             if (!data_id)
                 return;
         }
@@ -507,7 +444,7 @@ void VirtioVsock::deliver_rx()
             return;  // the guest has no buffers; the packet waits
         const uint64_t room = chain_bytes(*chain);
         // Data needs room for at least one payload byte; control packets are header only.
-        const uint64_t need = vsock_hdr_bytes + (data_id && conns_.at(*data_id).queued > 0 ? 1 : 0);
+        const uint64_t need = vsock_hdr_bytes + (data_id && conns_.at(*data_id).queued() > 0 ? 1 : 0);
         if (!all_writable(*chain, true) || room < need) {
             guest_warn(warn_, "virtio-vsock: rx chain {} unusable ({} bytes, {})", chain->head, room,
                        all_writable(*chain, true) ? "too short for a header" : "has a device-readable descriptor");
@@ -521,60 +458,33 @@ void VirtioVsock::deliver_rx()
         std::vector<uint8_t> payload;
         std::optional<VsockConnId> space_freed;
         if (control) {
-            const ControlState c = control_.front();
-            control_.pop_front();
+            const VsockReply c = *control_.pop();
             hdr.src_cid = c.src_cid;
             hdr.src_port = c.id.host_port;
             hdr.dst_port = c.id.guest_port;
             hdr.op = c.op;
-            hdr.flags = c.flags;
-            Connection* conn = c.src_cid == vsock_host_cid ? find(c.id) : nullptr;
+            VsockConnection* conn = c.src_cid == vsock_host_cid ? find(c.id) : nullptr;
             if (conn && c.op != VIRTIO_VSOCK_OP_RST) {
                 hdr.buf_alloc = conn_buf_alloc;
-                hdr.fwd_cnt = conn->s.fwd_cnt;
-                conn->s.last_sent_fwd_cnt = conn->s.fwd_cnt;
-                if (c.op == VIRTIO_VSOCK_OP_CREDIT_UPDATE)
-                    conn->s.credit_update_queued = false;
+                hdr.fwd_cnt = conn->advertise(c.op == VIRTIO_VSOCK_OP_CREDIT_UPDATE);
             }
         } else {
-            Connection& conn = conns_.at(*data_id);
-            ConnectionState& s = conn.s;
+            VsockConnection& conn = conns_.at(*data_id);
             rr_cursor_ = *data_id;
             hdr.src_cid = vsock_host_cid;
             hdr.src_port = data_id->host_port;
             hdr.dst_port = data_id->guest_port;
             hdr.buf_alloc = conn_buf_alloc;
-            hdr.fwd_cnt = s.fwd_cnt;
-            s.last_sent_fwd_cnt = s.fwd_cnt;
-            if (conn.queued > 0) {
-                const uint64_t n = std::min<uint64_t>({conn.queued, peer_credit(conn), vsock_max_payload,
-                                                       room - vsock_hdr_bytes});
-                payload.resize(n);
-                size_t done = 0;
-                while (done < n) {
-                    auto& front = conn.chunks.front();
-                    const size_t take = std::min(front.size() - conn.front_offset, n - done);
-                    std::copy_n(front.begin() + static_cast<ptrdiff_t>(conn.front_offset), take,
-                                payload.begin() + static_cast<ptrdiff_t>(done));
-                    done += take;
-                    conn.front_offset += take;
-                    if (conn.front_offset == front.size()) {
-                        conn.chunks.pop_front();
-                        conn.front_offset = 0;
-                    }
-                }
-                conn.queued -= n;
-                s.tx_cnt += static_cast<uint32_t>(n);
+            hdr.fwd_cnt = conn.advertise(false);
+            if (conn.queued() > 0) {
+                payload = conn.take_payload(room - vsock_hdr_bytes);
                 hdr.op = VIRTIO_VSOCK_OP_RW;
-                hdr.len = static_cast<uint32_t>(n);
-                if (s.send_blocked && conn.queued <= send_queue_cap / 2) {
-                    s.send_blocked = false;
+                hdr.len = static_cast<uint32_t>(payload.size());
+                if (conn.take_send_space())
                     space_freed = *data_id;
-                }
             } else {
                 hdr.op = VIRTIO_VSOCK_OP_SHUTDOWN;
-                hdr.flags = s.local_shutdown;
-                s.shutdown_sent = true;
+                hdr.flags = conn.take_shutdown();
             }
         }
 
@@ -592,7 +502,7 @@ void VirtioVsock::deliver_events()
 {
     Virtqueue& queue = ctx_.queues[event_queue];
     const GuestMemory& mem = *ctx_.mem;
-    while (event_pending_) {
+    while (control_.event_pending()) {
         PopOutcome outcome;
         const std::optional<DescriptorChain> chain = take_chain(queue, ctx_, "virtio-vsock event", warn_, outcome);
         used_added_[event_queue] |= outcome.returned_malformed;
@@ -609,9 +519,8 @@ void VirtioVsock::deliver_events()
         std::array<uint8_t, sizeof(ev)> raw{};
         std::memcpy(raw.data(), &ev, raw.size());
         // Before the guest can see the event: its refill afterwards must notify us.
-        reset_avail_ = queue.notify_on_next_buffer(mem);
+        control_.event_delivered(queue.notify_on_next_buffer(mem));
         mark_used(event_queue, chain->head, static_cast<uint32_t>(scatter(mem, *chain, 0, raw)));
-        event_pending_ = false;
     }
 }
 
@@ -622,11 +531,8 @@ bool VirtioVsock::connect(VsockConnId id)
     std::lock_guard lock(mutex());
     if (!active_ || broken_ || conns_.size() >= max_connections || find(id))
         return false;
-    Connection conn;
-    conn.s.id = id;
-    conn.s.state = ConnState::connecting;
-    conns_.emplace(id, std::move(conn));
-    queue_control(id, VIRTIO_VSOCK_OP_REQUEST);
+    conns_.emplace(id, VsockConnection(VsockConnection::Phase::connecting));
+    control_.push(id, VIRTIO_VSOCK_OP_REQUEST);
     pump();
     return true;
 }
@@ -634,60 +540,43 @@ bool VirtioVsock::connect(VsockConnId id)
 size_t VirtioVsock::send_budget(VsockConnId id) const
 {
     std::lock_guard lock(mutex());
-    const Connection* conn = find(id);
-    if (!conn || (conn->s.local_shutdown & VIRTIO_VSOCK_SHUTDOWN_SEND) ||
-        (conn->s.peer_shutdown & VIRTIO_VSOCK_SHUTDOWN_RCV))
-        return 0;
-    return send_queue_cap - conn->queued;
+    const VsockConnection* conn = find(id);
+    return conn ? conn->send_budget() : 0;
 }
 
 size_t VirtioVsock::send(VsockConnId id, std::span<const uint8_t> data)
 {
     std::lock_guard lock(mutex());
-    const size_t n = std::min(data.size(), send_budget(id));
-    Connection* conn = find(id);
+    VsockConnection* conn = find(id);
     if (!conn)
         return 0;
-    if (n < data.size() || conn->queued + n == send_queue_cap)
-        conn->s.send_blocked = true;
-    if (n == 0)
-        return 0;
-    // Small sends share a chunk, so per-chunk overhead stays small next to the byte cap.
-    if (!conn->chunks.empty() && conn->chunks.back().size() + n <= vsock_max_payload)
-        conn->chunks.back().insert(conn->chunks.back().end(), data.begin(), data.begin() + static_cast<ptrdiff_t>(n));
-    else
-        conn->chunks.emplace_back(data.begin(), data.begin() + static_cast<ptrdiff_t>(n));
-    conn->queued += n;
-    pump();
+    const size_t n = conn->enqueue(data);
+    if (n > 0)
+        pump();
     return n;
 }
 
 void VirtioVsock::consumed(VsockConnId id, size_t bytes)
 {
     std::lock_guard lock(mutex());
-    Connection* conn = find(id);
+    VsockConnection* conn = find(id);
     if (!conn)
         return;
-    ConnectionState& s = conn->s;
-    s.fwd_cnt += static_cast<uint32_t>(std::min<size_t>(bytes, s.rx_cnt - s.fwd_cnt));
-    maybe_credit_update(id, *conn);
+    conn->forwarded(bytes);
+    if (conn->credit_update_due())
+        queue_credit_update(id, *conn);
     pump();
 }
 
 void VirtioVsock::shutdown(VsockConnId id, uint32_t flags)
 {
     std::lock_guard lock(mutex());
-    Connection* conn = find(id);
-    flags &= vsock_shutdown_both;
-    if (!conn || flags == 0 || (conn->s.local_shutdown | flags) == conn->s.local_shutdown)
+    VsockConnection* conn = find(id);
+    if (!conn || !conn->shut_local(flags))
         return;
-    if (conn->s.state == ConnState::connecting) {
-        // Nothing to half-close yet: give up on the connection.
+    // Nothing to half-close yet: give up on the connection.
+    if (conn->phase() == VsockConnection::Phase::connecting)
         drop_connection(id, true, false);
-    } else {
-        conn->s.local_shutdown |= flags;
-        conn->s.shutdown_sent = false;
-    }
     pump();
 }
 
@@ -703,9 +592,7 @@ void VirtioVsock::reset(VsockConnId id)
 void VirtioVsock::send_transport_reset()
 {
     std::lock_guard lock(mutex());
-    event_pending_ = true;
-    reset_avail_.reset();
-    control_.clear();
+    control_.reset_transport();
     auto old = std::move(conns_);
     conns_.clear();
     for (const auto& [id, conn] : old)
@@ -730,80 +617,15 @@ size_t VirtioVsock::connection_count() const
 VirtioVsock::State VirtioVsock::save() const
 {
     std::lock_guard lock(mutex());
-    State st;
-    st.guest_cid = guest_cid_;
-    st.event_pending = event_pending_;
-    st.reset_avail = reset_avail_;
-    for (const auto& [id, conn] : conns_) {
-        ConnectionState cs = conn.s;
-        cs.pending.clear();
-        cs.pending.reserve(conn.queued);
-        size_t offset = conn.front_offset;
-        for (const auto& chunk : conn.chunks) {
-            cs.pending.insert(cs.pending.end(), chunk.begin() + static_cast<ptrdiff_t>(offset), chunk.end());
-            offset = 0;
-        }
-        st.connections.push_back(std::move(cs));
-    }
-    st.control.assign(control_.begin(), control_.end());
-    return st;
+    return {guest_cid_};
 }
 
 void VirtioVsock::restore(const State& state)
 {
     std::lock_guard lock(mutex());
-    auto fail = [](const std::string& why) { throw Error("virtio-vsock: cannot restore: " + why); };
     if (!valid_guest_cid(state.guest_cid))
-        fail(fmt::format("invalid guest CID {}", state.guest_cid));
-    if (state.connections.size() > max_connections)
-        fail(fmt::format("{} connections, at most {}", state.connections.size(), max_connections));
-    if (state.control.size() > max_pending_control + max_connections)
-        fail(fmt::format("{} queued replies", state.control.size()));
-    for (size_t i = 0; i < state.connections.size(); ++i) {
-        const ConnectionState& c = state.connections[i];
-        const auto where = fmt::format("connection {}:{}", c.id.host_port, c.id.guest_port);
-        if (i > 0 && !(state.connections[i - 1].id < c.id))
-            fail(where + " out of order or duplicated");
-        if (c.state != ConnState::connecting && c.state != ConnState::established)
-            fail(where + ": bad state");
-        if ((c.local_shutdown | c.peer_shutdown) & ~vsock_shutdown_both)
-            fail(where + ": bad shutdown flags");
-        if (c.pending.size() > send_queue_cap)
-            fail(where + ": send queue over its cap");
-        // last_sent_fwd_cnt <= fwd_cnt <= rx_cnt, modulo 2^32, within one buffer.
-        if (c.rx_cnt - c.last_sent_fwd_cnt > conn_buf_alloc || c.fwd_cnt - c.last_sent_fwd_cnt > c.rx_cnt - c.last_sent_fwd_cnt)
-            fail(where + ": receive counters inconsistent");
-        const bool update_queued = std::any_of(state.control.begin(), state.control.end(), [&](const ControlState& q) {
-            return q.id == c.id && q.op == VIRTIO_VSOCK_OP_CREDIT_UPDATE;
-        });
-        if (update_queued != c.credit_update_queued)
-            fail(where + ": credit update flag does not match the reply queue");
-    }
-    if (state.event_pending && state.reset_avail)
-        fail("a transport reset both pending and awaiting the guest");
-    for (const auto& q : state.control) {
-        if (!known_op(q.op) || (q.flags & ~vsock_shutdown_both) != 0)
-            fail(fmt::format("bad queued reply op {} flags {:#x}", q.op, q.flags));
-        if (q.src_cid != vsock_host_cid && q.op != VIRTIO_VSOCK_OP_RST)
-            fail(fmt::format("queued op {} from CID {}", q.op, q.src_cid));
-    }
-
+        throw Error(fmt::format("virtio-vsock: cannot restore: invalid guest CID {}", state.guest_cid));
     guest_cid_ = state.guest_cid;
-    event_pending_ = state.event_pending;
-    reset_avail_ = state.reset_avail;
-    control_.assign(state.control.begin(), state.control.end());
-    conns_.clear();
-    for (const auto& c : state.connections) {
-        Connection conn;
-        conn.s = c;
-        conn.s.pending.clear();
-        conn.queued = c.pending.size();
-        if (!c.pending.empty())
-            conn.chunks.push_back(c.pending);
-        conns_.emplace(c.id, std::move(conn));
-    }
-    rr_cursor_ = {};
-    restored_ = true;
 }
 
 } // namespace agentvm

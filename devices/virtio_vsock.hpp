@@ -32,10 +32,21 @@
 // control queue until the guest posts rx buffers; while it is full the device stops taking
 // tx chains, so a guest that sends without ever receiving only stalls itself.
 //
-// Threads: everything runs on the event-loop thread under mutex(), as for virtio-blk.
-// Backend callbacks run with mutex() held; they may call the host-side API (the mutex is
-// recursive, and calls made from a callback are queued and delivered when the device
-// returns from the callback).
+// Snapshots: a restore keeps no connection, as in Firecracker: the host sockets did not
+// survive, so the VMM sends the TRANSPORT_RESET event after every restore and the guest drops
+// its sockets and connects again. The device's State is only what the guest sees of it that
+// outlives that, its CID; the queues are the transport's.
+//
+// The parts: each connection's state machine is a VsockConnection
+// (devices/vsock_connection.hpp), the replies and the reset event a VsockControl
+// (devices/vsock_control.hpp); this class parses the guest's packets, moves them between the
+// queues and those two, and calls the backend.
+//
+// Threads: everything runs on the event-loop thread under mutex(), as for virtio-blk, except
+// a driver reset, which runs on the vCPU thread that wrote Status (see on_reset). Backend
+// callbacks run with mutex() held; they may call the host-side API (the mutex is recursive,
+// and calls made from a callback are queued and delivered when the device returns from the
+// callback).
 #pragma once
 
 #include <linux/virtio_config.h>
@@ -46,9 +57,7 @@
 #endif
 #include <linux/virtio_ring.h>
 
-#include <compare>
 #include <cstdint>
-#include <deque>
 #include <map>
 #include <optional>
 #include <span>
@@ -57,26 +66,14 @@
 
 #include "devices/virtio_device.hpp"
 #include "devices/virtqueue.hpp"
+#include "devices/vsock_connection.hpp"
+#include "devices/vsock_control.hpp"
 #include "core/guest_memory.hpp"
 
 namespace agentvm {
 
-inline constexpr uint64_t vsock_host_cid = 2;  // VMADDR_CID_HOST
 inline constexpr uint32_t vsock_hdr_bytes = sizeof(virtio_vsock_hdr);
-// Both directions of a SHUTDOWN; any other bit is unknown.
-inline constexpr uint32_t vsock_shutdown_both = VIRTIO_VSOCK_SHUTDOWN_RCV | VIRTIO_VSOCK_SHUTDOWN_SEND;
 static_assert(vsock_hdr_bytes == 44);
-// Largest payload accepted in one packet from the guest, and sent in one to it: Linux's
-// VIRTIO_VSOCK_MAX_PKT_BUF_SIZE. Bounds the copy out of guest RAM.
-inline constexpr uint32_t vsock_max_payload = 64 * 1024;
-
-// A connection, named by its two ports (the CIDs are always host 2 and the guest's).
-struct VsockConnId {
-    uint32_t host_port = 0;
-    uint32_t guest_port = 0;
-
-    auto operator<=>(const VsockConnId&) const = default;
-};
 
 // What a tx chain turned out to be, before anything is done with it.
 struct VsockPacket {
@@ -95,8 +92,8 @@ struct VsockPacket {
 // RAM once, then checked (cids, type, len against the buffers and vsock_max_payload).
 VsockPacket parse_vsock_packet(const DescriptorChain& chain, const GuestMemory& mem, uint64_t guest_cid);
 
-// The host side of the device, implemented by the VMM. Called on the loop thread with the
-// device's mutex() held.
+// The host side of the device, implemented by the VMM. Called with the device's mutex()
+// held, on the loop thread except on_reset.
 class VsockBackend {
 public:
     virtual ~VsockBackend() = default;
@@ -113,10 +110,13 @@ public:
     // The guest shut down one or both directions (VIRTIO_VSOCK_SHUTDOWN_RCV / _SEND).
     virtual void on_shutdown(VsockConnId id, uint32_t flags) = 0;
     // The connection is gone for a reason the host did not ask for: guest RST, guest closed
-    // both directions, guest broke the protocol, a refused connect(), device or transport
-    // reset. Not called for the host's own reset(). When the driver resets the device this
-    // runs on the thread that wrote Status (a vCPU thread), still under mutex().
+    // both directions, guest broke the protocol, a refused connect(), a transport reset. Not
+    // called for the host's own reset(), nor for a driver reset (on_reset).
     virtual void on_closed(VsockConnId id) = 0;
+    // The driver reset the device, and these connections went with it. Runs on the thread
+    // that wrote Status, a vCPU thread: the backend records what to undo and leaves the
+    // undoing (closing host sockets) to its own thread.
+    virtual void on_reset(std::span<const VsockConnId> ids) = 0;
     // The connection's send queue, which was full, has room again.
     virtual void on_send_space(VsockConnId) {}
 };
@@ -129,61 +129,15 @@ public:
     static constexpr size_t event_queue = 2;
     static constexpr uint64_t features = (1ull << VIRTIO_F_VERSION_1) | (1ull << VIRTIO_RING_F_EVENT_IDX);
 
-    // What we advertise as buf_alloc on every connection: how much guest data the backend
-    // may hold un-consumed (Linux's default socket buffer).
-    static constexpr uint32_t conn_buf_alloc = 256 * 1024;
-    // Host bytes queued per connection before send() refuses more.
-    static constexpr uint32_t send_queue_cap = 4 * 1024 * 1024;
-    // Once the guest's view of its credit is below this and we have freed space, tell it.
-    static constexpr uint32_t credit_update_threshold = vsock_max_payload;
+    static constexpr uint32_t conn_buf_alloc = VsockConnection::buf_alloc;
+    static constexpr uint32_t send_queue_cap = VsockConnection::send_queue_cap;
     static constexpr size_t max_connections = 1024;
     // Replies owed to the guest; at this many the device stops taking tx chains.
     static constexpr size_t max_pending_control = 4 * queue_size;
 
-    enum class ConnState : uint8_t {
-        connecting,   // we sent (or will send) REQUEST; waiting for RESPONSE
-        established,
-    };
-
-    // Plain data, for save/restore.
-    struct ConnectionState {
-        VsockConnId id;
-        ConnState state = ConnState::established;
-        uint32_t local_shutdown = 0;  // VIRTIO_VSOCK_SHUTDOWN_* the host asked for
-        uint32_t peer_shutdown = 0;   // ... the guest told us
-        bool shutdown_sent = false;   // our SHUTDOWN went out (only after pending drained)
-        bool credit_update_queued = false;
-        bool send_blocked = false;    // send() hit the cap: tell the backend when it drains
-        // Guest -> host.
-        uint32_t rx_cnt = 0;             // payload bytes received
-        uint32_t fwd_cnt = 0;            // ... taken by the backend
-        uint32_t last_sent_fwd_cnt = 0;  // fwd_cnt the guest last saw from us
-        // Host -> guest.
-        uint32_t tx_cnt = 0;  // payload bytes delivered
-        uint32_t peer_buf_alloc = 0;
-        uint32_t peer_fwd_cnt = 0;
-        std::vector<uint8_t> pending;  // queued by send(), not yet delivered
-
-        bool operator==(const ConnectionState&) const = default;
-    };
-
-    struct ControlState {
-        VsockConnId id;
-        uint16_t op = 0;
-        uint32_t flags = 0;
-        // The CID we answer from: 2, except for an RST to a packet the guest addressed
-        // elsewhere, which mirrors its dst_cid so the guest can match it to the socket.
-        uint64_t src_cid = vsock_host_cid;
-
-        bool operator==(const ControlState&) const = default;
-    };
-
+    // Plain data, for save/restore: see "Snapshots" above.
     struct State {
         uint64_t guest_cid = 0;
-        std::vector<ConnectionState> connections;  // sorted by id
-        std::vector<ControlState> control;          // in delivery order
-        bool event_pending = false;
-        std::optional<uint16_t> reset_avail;  // see reset_avail_
 
         bool operator==(const State&) const = default;
     };
@@ -231,43 +185,25 @@ public:
     bool has_connection(VsockConnId id) const;
     size_t connection_count() const;
 
-    // Restore the device before the transport, as for every device: restore() stages the
-    // connections, and the one reset() the transport's restore does before re-activating the
-    // device keeps them (any later reset() is a driver reset and drops them). Throws Error,
-    // changing nothing, when the state is invalid.
-    // The bytes the guest sent that the old backend had not consumed() are not part of the
-    // state: after a restore the new backend must account for them, or (the expected path
-    // for snapshots) the VMM calls send_transport_reset().
+    // Restore the device before the transport, as for every device, then call
+    // send_transport_reset(). Throws Error, changing nothing, when the state is invalid.
     State save() const;
     void restore(const State& state);
 
 private:
-    struct Connection {
-        ConnectionState s;
-        // s.pending is unused while live; host bytes wait here in chunks so send() and
-        // delivery never move the whole queue.
-        std::deque<std::vector<uint8_t>> chunks;
-        size_t front_offset = 0;
-        size_t queued = 0;
-    };
-
     void pump();
-    bool drain_tx();  // true when it stopped because the control queue is full
+    bool drain_tx();  // true when it stopped because the reply queue is full
     void deliver_rx();
     void deliver_events();
-    bool awaiting_reset();
     void handle_packet(const VsockPacket& pkt);
-    void handle_rw(VsockConnId id, Connection& conn, const VsockPacket& pkt);
-    void queue_control(VsockConnId id, uint16_t op, uint32_t flags = 0, uint64_t src_cid = vsock_host_cid);
-    void queue_credit_update(VsockConnId id, Connection& conn);
+    void handle_rw(VsockConnId id, VsockConnection& conn, const VsockPacket& pkt);
+    void queue_credit_update(VsockConnId id, VsockConnection& conn);
     // Drops the connection; reply RST when `rst`; tell the backend when `notify`.
     void drop_connection(VsockConnId id, bool rst, bool notify);
-    uint32_t peer_credit(const Connection& conn) const;
-    bool deliverable(const Connection& conn) const;
-    void maybe_credit_update(VsockConnId id, Connection& conn);
+    std::optional<VsockConnId> next_with_data() const;
     void mark_used(size_t queue, uint16_t head, uint32_t len);
-    Connection* find(VsockConnId id);
-    const Connection* find(VsockConnId id) const;
+    VsockConnection* find(VsockConnId id);
+    const VsockConnection* find(VsockConnId id) const;
 
     VsockBackend& backend_;
 
@@ -276,15 +212,9 @@ private:
     VirtioContext ctx_;
     bool active_ = false;
     bool broken_ = false;  // a ring failed; nothing moves until reset
-    std::map<VsockConnId, Connection> conns_;
-    std::deque<ControlState> control_;
-    bool event_pending_ = false;
-    // The event queue's avail->idx when the transport reset went out. The driver puts the
-    // event's buffer back only after handling it (dropping every socket), so until avail->idx
-    // moves past this, rx waits: a REQUEST the guest took first would be dropped with the rest.
-    std::optional<uint16_t> reset_avail_;
+    std::map<VsockConnId, VsockConnection> conns_;
+    VsockControl control_;
     VsockConnId rr_cursor_{};  // round robin between connections with data
-    bool restored_ = false;  // restore() ran and no activate() since: see restore()
     bool pumping_ = false;
     bool repump_ = false;
     bool used_added_[3] = {};

@@ -23,13 +23,12 @@ namespace agentvm {
 namespace {
 
 // Found by tracing every vCPU thread through cold boots, restores, bakes, episodes, guest
-// reboots and SIGTERM teardowns (strace -f), then reasoned through for paths no run took:
-// a driver reset of the vsock device closes host streams from the vCPU thread.
+// reboots and SIGTERM teardowns (strace -f), then reasoned through for paths no run took.
+// A vCPU thread neither shuts down nor closes a descriptor: a driver reset of the vsock
+// device leaves closing the host streams to the I/O loop (VsockHost::on_reset).
 constexpr std::array vcpu_syscalls = {
     SCMP_SYS(futex),           // mutexes, condition variables
-    SCMP_SYS(write),           // eventfds (irqfd, loop and console wake-ups), log lines
-    SCMP_SYS(shutdown),        // vsock streams dropped by a device reset
-    SCMP_SYS(close),           // ... and closed, when nothing else holds them
+    SCMP_SYS(write),           // eventfds (irqfd, loop, console and vsock-reset wake-ups), log lines
     SCMP_SYS(rt_sigprocmask),  // the kick signal around KVM_RUN
     SCMP_SYS(rt_sigreturn),    // returning from the kick signal's handler
     SCMP_SYS(sigaltstack),     // AddressSanitizer's runtime sets one up around handlers and exits

@@ -13,8 +13,9 @@
 
 namespace agentvm {
 
-// 2: the manifest records disk_bytes; 3: vsock reset_avail; 4: live snapshots over a parent
-inline constexpr int snapshot_format = 4;
+// 2: the manifest records disk_bytes; 3: vsock reset_avail; 4: live snapshots over a parent;
+// 5: vsock keeps only its CID (no connections, replies or reset event)
+inline constexpr int snapshot_format = 5;
 
 // A live snapshot's pages are mapped run by run by every restore: it stores few runs (merged
 // across gaps of up to this many pages, then wider ones), and a restore refuses more.

@@ -123,7 +123,7 @@ Vm::Vm(const Kvm& kvm, const VmConfig& config, VmSnapshotData snapshot)
         soft_dirty_ = std::make_unique<SoftDirtyBits>(pagemap_.get());
     }
     try {
-        restore_state(snapshot.state, std::move(snapshot.disk), std::move(snapshot.disk_layers));
+        restore_state(snapshot.state, {std::move(snapshot.disk), std::move(snapshot.disk_layers)});
     } catch (const nlohmann::json::exception& e) {
         throw Error(fmt::format("snapshot: malformed state: {}", e.what()));
     }
@@ -169,6 +169,20 @@ void Vm::add_serial(int console_fd)
     pio_.insert(layout::com1_port, layout::com1_ports, *serial_);
     if (console_fd >= 0)
         console_ = std::make_unique<ConsoleWriter>(loop_, *serial_, console_fd);
+
+    VmDevice row;
+    row.key = "serial";
+    row.name = "the serial port";
+    row.save = [this] { return nlohmann::json(serial_->save()); };
+    row.decode = [this](const nlohmann::json& part, SnapshotFiles&) -> std::function<void()> {
+        return [this, s = state_from_json<Serial::State>(part, "serial")] { serial_->restore(s); };
+    };
+    if (console_) {
+        // Its reader may never read again: the write in flight must not hold up the drain.
+        row.quiesce = [this] { console_->stop(); };
+        row.finish = [this] { console_->finish(); };
+    }
+    devices_.push_back(std::move(row));
 }
 
 std::string Vm::add_root_disk(const VmConfig& config, bool restoring)
@@ -193,6 +207,32 @@ std::string Vm::add_root_disk(const VmConfig& config, bool restoring)
     std::string params = blk_slot_->cmdline_param();
     if (blk_->disk().capacity_sectors() > blk_->disk().base_sectors())
         params.append(" ").append(grow_root_param);
+
+    VmDevice row;
+    row.key = "blk";
+    row.name = "the disk";
+    row.save = [this] {
+        return nlohmann::json{{"device", blk_->save()}, {"transport", blk_slot_->transport().save()}};
+    };
+    row.decode = [this](const nlohmann::json& part, SnapshotFiles& files) -> std::function<void()> {
+        auto device = state_from_json<VirtioBlk::State>(part.at("device"), "blk.device");
+        auto transport = state_from_json<VirtioMmioTransport::State>(part.at("transport"), "blk.transport");
+        return [this, &files, device = std::move(device), transport = std::move(transport)] {
+            // The sectors the guest had written live in the snapshot's disk file, which this
+            // VM reads as a layer under its own overlay: every clone shares it, a restore
+            // copies nothing, and the snapshot stays as it was.
+            if (files.disk_layers.empty())
+                blk_->restore(device, std::move(files.disk));
+            else
+                blk_->restore(device, std::move(files.disk_layers));
+            blk_slot_->transport().restore(transport);
+        };
+    };
+    row.slot = blk_slot_.get();
+    row.busy = [this] { return blk_->in_flight() > 0; };
+    // A vCPU waiting in a reset for the disk's requests would otherwise never be joined.
+    row.release_vcpus = [this] { blk_->abandon_resets(); };
+    devices_.push_back(std::move(row));
     return params;
 }
 
@@ -204,6 +244,28 @@ std::string Vm::add_vsock(const std::optional<std::string>& uds_path)
     vsock_slot_ = std::make_unique<VirtioSlot>(vm_.get(), mem_, loop_, mmio_, *vsock_,
                                                layout::virtio_mmio_base + layout::virtio_mmio_size,
                                                layout::first_virtio_irq + 1);
+
+    VmDevice row;
+    row.key = "vsock";
+    row.name = "vsock";
+    row.save = [this] {
+        return nlohmann::json{{"device", vsock_->save()}, {"transport", vsock_slot_->transport().save()}};
+    };
+    row.decode = [this](const nlohmann::json& part, SnapshotFiles&) -> std::function<void()> {
+        auto device = state_from_json<VirtioVsock::State>(part.at("device"), "vsock.device");
+        auto transport = state_from_json<VirtioMmioTransport::State>(part.at("transport"), "vsock.transport");
+        return [this, device, transport = std::move(transport)] {
+            vsock_->restore(device);
+            vsock_slot_->transport().restore(transport);
+        };
+    };
+    // Host streams did not survive: the guest must drop its connections too, and reconnect.
+    // Only once KVM's state is back, or the event's interrupt would be lost with the old one.
+    row.restored = [this] { vsock_->send_transport_reset(); };
+    row.slot = vsock_slot_.get();
+    // Host streams are shut first, or their pending reads would keep the loop busy.
+    row.quiesce = [this] { vsock_host_->close_all(); };
+    devices_.push_back(std::move(row));
     return vsock_slot_->cmdline_param();
 }
 
@@ -243,10 +305,8 @@ nlohmann::json Vm::save_state() const
     nlohmann::json state;
     state["vcpus"] = std::move(vcpus);
     state["vm"] = vm_kvm_state_to_json(save_vm_kvm_state(vm_.get()));
-    state["serial"] = serial_->save();
-    if (blk_)
-        state["blk"] = {{"device", blk_->save()}, {"transport", blk_slot_->transport().save()}};
-    state["vsock"] = {{"device", vsock_->save()}, {"transport", vsock_slot_->transport().save()}};
+    for (const VmDevice& device : devices_)
+        state[device.key] = device.save();
     state["memory"] = {{"warm_writes", state_codec::runs_to_json(warm_writes_)}};
     return state;
 }
@@ -340,7 +400,7 @@ uint64_t Vm::disk_bytes() const
     return blk_ ? blk_->disk().capacity_sectors() * CowDisk::sector_size : 0;
 }
 
-void Vm::restore_state(const nlohmann::json& state, Fd disk, std::vector<std::pair<Fd, ByteRanges>> disk_layers)
+void Vm::restore_state(const nlohmann::json& state, SnapshotFiles files)
 {
     // Everything is decoded and checked before KVM or a device sees any of it.
     const nlohmann::json& vcpu_docs = state.at("vcpus");
@@ -351,36 +411,16 @@ void Vm::restore_state(const nlohmann::json& state, Fd disk, std::vector<std::pa
     for (size_t i = 0; i < vcpu_docs.size(); ++i)
         vcpu_states.push_back(vcpu_state_from_json(vcpu_docs[i], state_codec::element("vcpus", i)));
     const VmKvmState vm_state = vm_kvm_state_from_json(state.at("vm"));
-    const auto serial = state_from_json<Serial::State>(state.at("serial"), "serial");
     if (state.contains("blk") != static_cast<bool>(blk_))
         throw Error("snapshot: blk: the snapshot and this VM disagree on having a root disk");
-    const auto vsock = state_from_json<VirtioVsock::State>(state.at("vsock").at("device"), "vsock.device");
-    const auto vsock_transport = state_from_json<VirtioMmioTransport::State>(
-        state.at("vsock").at("transport"), "vsock.transport");
-    std::optional<VirtioBlk::State> blk;
-    std::optional<VirtioMmioTransport::State> blk_transport;
-    if (blk_) {
-        blk = state_from_json<VirtioBlk::State>(state.at("blk").at("device"), "blk.device");
-        blk_transport = state_from_json<VirtioMmioTransport::State>(state.at("blk").at("transport"),
-                                                                    "blk.transport");
-    }
+    std::vector<std::function<void()>> restore_devices;
+    for (VmDevice& device : devices_)
+        restore_devices.push_back(device.decode(state.at(device.key), files));
     const std::vector<PageRun> warm = page_runs_from_json(state.at("memory").at("warm_writes"),
                                                           mem_.ram_size() / 4096);
 
-    serial_->restore(serial);
-    if (blk_) {
-        // The sectors the guest had written live in the snapshot's disk file, which this VM
-        // reads as a layer under its own overlay: every clone shares it, a restore copies
-        // nothing, and the snapshot stays as it was.
-        if (disk_layers.empty())
-            blk_->restore(*blk, std::move(disk));
-        else
-            blk_->restore(*blk, std::move(disk_layers));
-        blk_slot_->transport().restore(*blk_transport);
-    }
-    // Each device before its transport (see VirtioVsock::restore).
-    vsock_->restore(vsock);
-    vsock_slot_->transport().restore(vsock_transport);
+    for (const auto& restore : restore_devices)
+        restore();
 
     copy_warm_pages(mem_, warm);
     warm_writes_ = warm;  // a live snapshot of this VM passes them on
@@ -393,8 +433,9 @@ void Vm::restore_state(const nlohmann::json& state, Fd disk, std::vector<std::pa
     }
     restore_vm_kvm_state(vm_.get(), vm_state);
 
-    // Host streams did not survive: the guest must drop its connections too, and reconnect.
-    vsock_->send_transport_reset();
+    for (const VmDevice& device : devices_)
+        if (device.restored)
+            device.restored();
 }
 
 void Vm::console_input(std::span<const uint8_t> bytes)
@@ -409,7 +450,7 @@ void Vm::stop(VmOutcome outcome, std::string detail)
         if (!result_)
             result_ = VmResult{outcome, std::move(detail)};
     }
-    stopping_ = true;
+    gate_.stop();
     // run() wakes from the loop and kicks the vCPUs; doing it here from a vCPU thread would
     // race with run() joining them.
     loop_.stop();
@@ -429,8 +470,8 @@ void Vm::vcpu_loop(Vcpu& vcpu)
     try {
         if (config_.jail)
             install_seccomp(SeccompRole::vcpu);
-        while (!stopping_) {
-            if (pause_requested_.load(std::memory_order_acquire)) {
+        while (!gate_.stopping()) {
+            if (gate_.pause_requested()) {
                 park(vcpu);
                 continue;
             }
@@ -464,34 +505,22 @@ void Vm::park(Vcpu& vcpu)
     // As when stopping: the last exit's I/O completes on one more entry, exit requested.
     vcpu.request_exit();
     vcpu.run();
-    std::unique_lock lock(pause_mutex_);
-    ++parked_;
-    pause_cv_.notify_all();
-    pause_cv_.wait(lock, [this] { return !pause_requested_ || stopping_; });
-    --parked_;
+    gate_.park();
     vcpu.clear_exit_request();
 }
 
 void Vm::pause(std::function<void(const std::string& error)> paused, std::chrono::milliseconds patience)
 {
-    if (stopping_) {
-        paused("the VM stopped");
-        return;
-    }
-    if (on_paused_ || pause_requested_) {
-        paused("the VM is being paused already");
+    if (!gate_.request_pause()) {
+        paused(gate_.stopping() ? "the VM stopped" : "the VM is being paused already");
         return;
     }
     on_paused_ = std::move(paused);
     pause_deadline_ = std::chrono::steady_clock::now() + patience;
-    pause_requested_.store(true, std::memory_order_release);
     kick_vcpus();
-    {
-        // Parked vCPUs take microseconds; a vCPU waiting for the loop (a device reset
-        // draining its I/O) needs the loop to run, so the wait is short and then polled.
-        std::unique_lock lock(pause_mutex_);
-        pause_cv_.wait_for(lock, std::chrono::milliseconds(2), [this] { return parked_ == vcpus_.size(); });
-    }
+    // Parked vCPUs take microseconds; a vCPU waiting for the loop (a device reset draining its
+    // I/O) needs the loop to run, so the wait is short and then polled.
+    gate_.wait_parked(std::chrono::milliseconds(2));
     poll_pause();
 }
 
@@ -504,27 +533,27 @@ void Vm::poll_pause()
             resume();
         paused(error);
     };
-    if (stopping_) {
+    const PauseGate::State state = gate_.state();
+    if (state == PauseGate::State::stopping) {
         finish("the VM stopped");
         return;
     }
-    bool all_parked = false;
-    {
-        std::lock_guard lock(pause_mutex_);
-        all_parked = parked_ == vcpus_.size();
-    }
-    if (all_parked) {
+    const VmDevice* busy = nullptr;
+    if (state == PauseGate::State::parked) {
         // Requests the guest made just before it was parked may not have reached the loop.
-        if (blk_slot_)
-            blk_slot_->take_notifications();
-        vsock_slot_->take_notifications();
-        if (!blk_ || blk_->in_flight() == 0) {
+        for (const VmDevice& device : devices_)
+            if (device.slot)
+                device.slot->take_notifications();
+        for (const VmDevice& device : devices_)
+            if (!busy && device.busy && device.busy())
+                busy = &device;
+        if (!busy) {
             finish("");
             return;
         }
     }
     if (std::chrono::steady_clock::now() >= pause_deadline_) {
-        finish(all_parked ? "the disk did not finish its requests in time" : "the vCPUs did not stop in time");
+        finish(busy ? fmt::format("{} did not finish its requests in time", busy->name) : "the vCPUs did not stop in time");
         return;
     }
     if (!pause_poll_)
@@ -534,16 +563,13 @@ void Vm::poll_pause()
 
 void Vm::resume()
 {
-    {
-        std::lock_guard lock(pause_mutex_);
-        pause_requested_.store(false, std::memory_order_release);
-    }
-    pause_cv_.notify_all();
+    gate_.resume();
 }
 
 VmResult Vm::run()
 {
     vsock_host_->update_stream_cap();
+    gate_.set_vcpus(vcpus_.size());
     try {
         for (auto& vcpu : vcpus_)
             threads_.emplace_back([this, v = vcpu.get()] { vcpu_loop(*v); });
@@ -564,25 +590,21 @@ VmResult Vm::run()
     } catch (const std::exception& e) {
         stop(VmOutcome::failed, fmt::format("I/O loop: {}", e.what()));
     }
-    {
-        std::lock_guard lock(pause_mutex_);
-        stopping_ = true;
-    }
-    pause_cv_.notify_all();  // parked vCPUs end too
-    if (blk_)
-        blk_->abandon_resets();  // a vCPU waiting in a reset would otherwise never be joined
+    gate_.stop();  // parked vCPUs end too
+    for (const VmDevice& device : devices_)
+        if (device.release_vcpus)
+            device.release_vcpus();
     kick_vcpus();
     for (auto& t : threads_)
         t.join();
     // The worker may be reading guest RAM; what it was doing is reported failed or done.
     if (worker_)
         worker_->stop();
-    // In-flight disk I/O targets guest memory: let it finish before anything is torn down.
-    // Host vsock streams are shut first, or their pending reads would keep the loop busy.
-    vsock_host_->close_all();
-    // The console's reader may never read again: its write must not hold up the drain.
-    if (console_)
-        console_->stop();
+    // In-flight disk I/O targets guest memory: let it finish before anything is torn down,
+    // once nothing keeps the loop waiting that the VM cannot finish by itself.
+    for (const VmDevice& device : devices_)
+        if (device.quiesce)
+            device.quiesce();
     for (auto& hook : stopping_hooks_)
         hook();
     for (;;) {
@@ -595,8 +617,9 @@ VmResult Vm::run()
             stop(VmOutcome::failed, fmt::format("I/O loop: {}", e.what()));
         }
     }
-    if (console_)
-        console_->finish();
+    for (const VmDevice& device : devices_)
+        if (device.finish)
+            device.finish();
     std::lock_guard lock(result_mutex_);
     return result_.value_or(VmResult{VmOutcome::stopped, "stopped"});
 }

@@ -3,9 +3,7 @@
 // in reverse. run() blocks until the guest powers off, fails, or stop() is called.
 #pragma once
 
-#include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -27,8 +25,10 @@
 #include "core/soft_dirty.hpp"
 #include "vmm/kvm.hpp"
 #include "vmm/live_copy.hpp"
+#include "vmm/pause_gate.hpp"
 #include "vmm/vcpu.hpp"
 #include "vmm/vm_config.hpp"
+#include "vmm/vm_device.hpp"
 #include "vmm/warm_pages.hpp"
 
 namespace agentvm {
@@ -153,7 +153,7 @@ private:
     std::string add_root_disk(const VmConfig& config, bool restoring);
     std::string add_vsock(const std::optional<std::string>& uds_path);
     void create_vcpus(const LoadedKernel& kernel);
-    void restore_state(const nlohmann::json& state, Fd disk, std::vector<std::pair<Fd, ByteRanges>> disk_layers);
+    void restore_state(const nlohmann::json& state, SnapshotFiles files);
     void vcpu_loop(Vcpu& vcpu);
     void park(Vcpu& vcpu);
     void kick_vcpus();  // only from the thread in run()
@@ -173,6 +173,7 @@ private:
     std::unique_ptr<VsockHost> vsock_host_;  // before vsock_: the device calls back into it
     std::unique_ptr<VirtioVsock> vsock_;
     std::unique_ptr<VirtioSlot> vsock_slot_;
+    std::vector<VmDevice> devices_;  // every device above, in boot order
     std::string device_params_;
     std::string cmdline_;
     std::vector<std::unique_ptr<Vcpu>> vcpus_;
@@ -184,16 +185,13 @@ private:
     std::unique_ptr<SoftDirtyBits> soft_dirty_;  // likewise
     std::unique_ptr<LoopWorker> worker_;  // while run() runs, with config.live_snapshots
 
-    // pause(): the vCPU threads park under pause_mutex_ while pause_requested_ holds.
-    std::mutex pause_mutex_;
-    std::condition_variable pause_cv_;
-    std::atomic<bool> pause_requested_{false};
-    size_t parked_ = 0;
+    // pause() and stop(): where the vCPU threads park, and whether they go on.
+    PauseGate gate_;
+    // The pause under way, on the loop's thread: whom to tell, and until when to wait.
     std::function<void(const std::string&)> on_paused_;
     std::chrono::steady_clock::time_point pause_deadline_;
     std::unique_ptr<LoopTimer> pause_poll_;
 
-    std::atomic<bool> stopping_{false};
     std::mutex result_mutex_;
     std::optional<VmResult> result_;
 };

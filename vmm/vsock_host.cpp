@@ -1,5 +1,6 @@
 #include "vmm/vsock_host.hpp"
 
+#include <sys/eventfd.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -13,6 +14,7 @@
 #include <chrono>
 #include <cstring>
 #include <mutex>
+#include <utility>
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
@@ -90,6 +92,14 @@ VsockHost::VsockHost(EventLoop& loop, std::optional<std::string> path)
     : loop_(loop), path_(std::move(path))
 {
     update_stream_cap();
+    reset_wake_ = Fd(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+    if (!reset_wake_)
+        throw_errno("eventfd for vsock driver resets");
+    loop_.watch_readable(reset_wake_.get(), [this] {
+        uint64_t count = 0;
+        if (::read(reset_wake_.get(), &count, sizeof(count)) == sizeof(count))
+            close_reset_streams();
+    });
     if (!path_)
         return;
     const sockaddr_un addr = unix_address(*path_);
@@ -112,6 +122,7 @@ void VsockHost::watch_listener()
 
 VsockHost::~VsockHost()
 {
+    loop_.unwatch(reset_wake_.get());
     if (listener_) {
         loop_.unwatch(listener_.get());
         ::unlink(path_->c_str());
@@ -139,6 +150,7 @@ void VsockHost::close_all()
     }
     sockets_.clear();
     streams_.clear();
+    reset_streams_.clear();
 }
 
 size_t VsockHost::open_streams()
@@ -416,14 +428,42 @@ void VsockHost::on_closed(VsockConnId id)
     const StreamPtr s = it->second;
     streams_.erase(it);
     s->detached = true;
+    close_detached(s);
+}
+
+void VsockHost::on_reset(std::span<const VsockConnId> ids)
+{
+    // On a vCPU thread, under the device's mutex like every loop callback that touches a
+    // stream: no system call here but the eventfd's write. `detached` at once, so that no
+    // completion hands the device a connection that is gone.
+    for (const VsockConnId id : ids) {
+        const auto it = streams_.find(id);
+        if (it == streams_.end())
+            continue;
+        it->second->detached = true;
+        reset_streams_.push_back(it->second);
+        streams_.erase(it);
+    }
+    const uint64_t one = 1;
+    if (::write(reset_wake_.get(), &one, sizeof(one)) < 0)
+        spdlog::warn("vsock: waking the I/O loop for a device reset failed: {}", std::strerror(errno));
+}
+
+void VsockHost::close_reset_streams()
+{
+    std::lock_guard lock(device_->mutex());
+    for (const StreamPtr& s : std::exchange(reset_streams_, {}))
+        close_detached(s);
+}
+
+void VsockHost::close_detached(const StreamPtr& s)
+{
     // A guest that shut down its sending side first closed gracefully: what it sent before
-    // still goes to the host, then the stream closes (write_to_host finishes the job; this
-    // path runs on the loop thread, from the guest's SHUTDOWN).
-    if (s->shut_write_when_flushed && (s->writing || !s->out.empty()))
+    // still goes to the host, then the stream closes (write_to_host finishes the job).
+    if (s->closed || (s->shut_write_when_flushed && (s->writing || !s->out.empty())))
         return;
-    // Otherwise it is an abort: RST, protocol violation, or a driver reset, which may run
-    // on a vCPU thread, so only mark and shut down here; the loop's completions see
-    // `closed` and let the stream go.
+    // Otherwise it is an abort (RST, protocol violation, driver reset): only mark and shut
+    // down here; the loop's completions see `closed` and let the stream go.
     s->closed = true;
     ::shutdown(s->fd.get(), SHUT_RDWR);
 }

@@ -14,7 +14,9 @@
 //
 // Threads: everything runs on the event loop's thread. The device's mutex is the only lock:
 // loop callbacks take it before touching connections, and the device calls back with it
-// held, so the two can never wait on each other.
+// held, so the two can never wait on each other. The one callback from another thread is a
+// driver reset's on_reset, on a vCPU thread: it only marks the streams and wakes the loop,
+// which closes them, so a vCPU thread never shuts down or closes a socket.
 #pragma once
 
 #include <cstdint>
@@ -22,6 +24,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -70,6 +73,7 @@ public:
     size_t on_data(VsockConnId id, std::span<const uint8_t> data) override;
     void on_shutdown(VsockConnId id, uint32_t flags) override;
     void on_closed(VsockConnId id) override;
+    void on_reset(std::span<const VsockConnId> ids) override;
     void on_send_space(VsockConnId id) override;
 
 private:
@@ -89,6 +93,11 @@ private:
     void read_from_host(const StreamPtr& s, size_t budget_now);
     void write_to_host(const StreamPtr& s);
     void drop(const StreamPtr& s);
+    // The device let go of the stream: it closes once the guest's last bytes are written, or
+    // now when the guest did not close gracefully.
+    void close_detached(const StreamPtr& s);
+    // On the loop: closes the streams a driver reset let go of.
+    void close_reset_streams();
 
     EventLoop& loop_;
     std::optional<std::string> path_;
@@ -102,6 +111,10 @@ private:
     std::vector<std::weak_ptr<Stream>> sockets_;
     size_t prune_at_ = 64;
     bool closing_ = false;  // close_all() ran
+    // Streams a driver reset let go of, until the loop closes them; guarded by the device's
+    // mutex. reset_wake_ is the eventfd that tells the loop.
+    std::vector<StreamPtr> reset_streams_;
+    Fd reset_wake_;
     size_t stream_cap_ = 0;
     WarnLimiter warn_;       // for refusals, which the guest triggers at will
 };

@@ -116,6 +116,11 @@ struct Backend : VsockBackend {
     }
     void on_shutdown(VsockConnId, uint32_t) override {}
     void on_closed(VsockConnId id) override { held.erase(id); }
+    void on_reset(std::span<const VsockConnId> ids) override
+    {
+        for (const VsockConnId id : ids)
+            held.erase(id);
+    }
 
     // A live connection when there is one, else the ports the input names.
     VsockConnId pick(uint8_t arg, uint32_t value) const

@@ -149,6 +149,7 @@ struct Backend : VsockBackend {
     size_t on_data(VsockConnId, std::span<const uint8_t> data) override { return consume_all ? data.size() : 0; }
     void on_shutdown(VsockConnId, uint32_t) override {}
     void on_closed(VsockConnId) override {}
+    void on_reset(std::span<const VsockConnId>) override {}
 };
 
 virtio_vsock_hdr ghdr(uint16_t op, uint32_t guest_port, uint32_t host_port, uint32_t len = 0, uint32_t fwd_cnt = 0)
@@ -758,26 +759,12 @@ TEST_CASE("virtio-blk state: round trip, malformed fields, bad values, corruptio
 
 TEST_CASE("virtio-vsock state: round trip, malformed fields, bad values, corruption")
 {
+    // Traffic both ways, replies queued, data waiting: none of it is the device's state, which
+    // a restore follows with a transport reset.
     VsockRig rig;
     rig.drive();
     const auto state = rig.vsock.save();
-    REQUIRE(state.connections.size() == 2);
-    const auto& opening = state.connections[0];
-    const auto& a = state.connections[1];
-    REQUIRE(opening.state == VirtioVsock::ConnState::connecting);
-    REQUIRE(a.state == VirtioVsock::ConnState::established);
-    CHECK(a.rx_cnt == 30);
-    CHECK(a.fwd_cnt == 10);
-    CHECK(a.tx_cnt == 5);
-    CHECK(a.peer_fwd_cnt == 5);
-    CHECK(a.pending == pattern(20, 2));
-    CHECK(a.local_shutdown == VIRTIO_VSOCK_SHUTDOWN_RCV);
-    CHECK(a.credit_update_queued);
-    REQUIRE(state.control.size() == 4);
-    CHECK(state.control[0].op == VIRTIO_VSOCK_OP_REQUEST);
-    CHECK(state.control[1].op == VIRTIO_VSOCK_OP_CREDIT_UPDATE);
-    CHECK(state.control[2].op == VIRTIO_VSOCK_OP_RST);
-    CHECK(state.control[3].src_cid == 7);
+    CHECK(state == VirtioVsock::State{guest_cid});
 
     check_round_trip<VsockTarget>(state);
     check_malformed_fields<VsockTarget>(state);
@@ -790,49 +777,11 @@ TEST_CASE("virtio-vsock state: round trip, malformed fields, bad values, corrupt
 
     const json good = state;
     VsockTarget t;
-    CHECK(refusal(t, at(good, "/connections/1/fwd_cnt", 1ull << 32)) ==
-          "snapshot: vsock.connections[1].fwd_cnt: 4294967296 is out of range 0..4294967295");
-    CHECK(refusal(t, at(good, "/connections/1/state", "open")) ==
-          "snapshot: vsock.connections[1].state: unknown state \"open\"");
-    CHECK(refusal(t, at(good, "/connections/1/state", "\x1b[2J")) ==
-          "snapshot: vsock.connections[1].state: unknown state \"\\x1b[2J\"");
-    CHECK(refusal(t, at(good, "/connections/1/peer_shutdown", 3)) ==
-          "snapshot: vsock.connections[1].peer_shutdown: the guest shut down both directions, yet the connection is live");
-    CHECK(refusal(t, at(good, "/connections/1/peer_shutdown", VIRTIO_VSOCK_SHUTDOWN_RCV)) ==
-          "snapshot: vsock.connections[1].pending: 20 bytes wait for a guest that shut down receiving");
-    CHECK(refusal(t, at(at(good, "/connections/1/shutdown_sent", true), "/connections/1/local_shutdown", 0)) ==
-          "snapshot: vsock.connections[1].shutdown_sent: set, yet the host shut nothing down");
-    CHECK(refusal(t, at(good, "/connections/0/rx_cnt", 5)) ==
-          "snapshot: vsock.connections[0].rx_cnt: 5 on a connection still connecting, which has exchanged nothing");
-    CHECK(refusal(t, at(good, "/control/0/op", VIRTIO_VSOCK_OP_RW)) ==
-          "snapshot: vsock.control[0].op: 5 is not a reply the device queues");
-    CHECK(refusal(t, at(good, "/control/0/op", 42)) == "snapshot: vsock.control[0].op: 42 is not a reply the device queues");
-    CHECK(refusal(t, at(good, "/control/2/flags", 1)) == "snapshot: vsock.control[2].flags: 0x1 on a RST, which carries none");
-    CHECK(refusal(t, at(good, "/control/0/id", json{{"host_port", 999}, {"guest_port", 9}})) ==
-          "snapshot: vsock.control[0]: REQUEST for connection 999:9, which does not exist");
-    CHECK(refusal(t, at(good, "/control/1/id", json{{"host_port", 999}, {"guest_port", 9}})) ==
-          "snapshot: vsock.control[1]: CREDIT_UPDATE for connection 999:9, which does not exist");
-    CHECK(refusal(t, at(good, "/control/0/op", VIRTIO_VSOCK_OP_RESPONSE)) ==
-          "snapshot: vsock.control[0]: RESPONSE for connection 50:60, which is still connecting");
-    json twice = good;
-    twice["control"].push_back(good["control"][1]);
-    CHECK(refusal(t, twice) == "snapshot: vsock.control[4]: a second CREDIT_UPDATE for connection 200:100");
-    // Reachable, so accepted: the guest answered our REQUEST before it reached the guest.
-    CHECK(refusal(t, at(good, "/control/0/id", good["connections"][1]["id"])).empty());
-    // An RST may come from another CID and name any port pair.
-    CHECK(refusal(t, at(good, "/control/2/id", json{{"host_port", 999}, {"guest_port", 9}})).empty());
-
-    // restore() checks these itself.
+    // A state from before snapshot format 5, which kept connections: the manifest's format
+    // refuses such a snapshot first, and the state itself is refused all the same.
+    CHECK(refusal(t, at(good, "/connections", json::array())) == "snapshot: vsock: unknown field \"connections\"");
+    // restore() checks the CID itself.
     CHECK_FALSE(refusal(t, at(good, "/guest_cid", 2)).empty());
     CHECK_FALSE(refusal(t, at(good, "/guest_cid", 0xffffffffull)).empty());
-    CHECK_FALSE(refusal(t, at(good, "/connections/1/fwd_cnt", 31)).empty());  // more than received
-    CHECK_FALSE(refusal(t, at(good, "/connections/1/credit_update_queued", false)).empty());
-    CHECK_FALSE(refusal(t, at(good, "/connections/1/local_shutdown", 4)).empty());
-    CHECK_FALSE(refusal(t, at(good, "/control/0/src_cid", 7)).empty());
-    CHECK_FALSE(refusal(t, at(good, "/connections/1/pending",
-                              json::binary(std::vector<uint8_t>(VirtioVsock::send_queue_cap + 1))))
-                     .empty());
-    json swapped = good;
-    std::swap(swapped["connections"][0], swapped["connections"][1]);
-    CHECK_FALSE(refusal(t, swapped).empty());
+    CHECK(t.save() == VirtioVsock::State{9});  // every refusal left the device as it was
 }

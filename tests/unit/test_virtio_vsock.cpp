@@ -37,7 +37,7 @@ struct TestBackend : VsockBackend {
     std::set<uint32_t> listening;
     bool consume_all = true;
     VirtioVsock* echo_to = nullptr;  // set: on_data sends the bytes straight back
-    std::vector<VsockConnId> requests, connected, closed, space;
+    std::vector<VsockConnId> requests, connected, closed, reset, space;
     std::vector<std::pair<VsockConnId, uint32_t>> shutdowns;
     std::map<VsockConnId, std::vector<uint8_t>> received;
 
@@ -57,6 +57,7 @@ struct TestBackend : VsockBackend {
     }
     void on_shutdown(VsockConnId id, uint32_t flags) override { shutdowns.emplace_back(id, flags); }
     void on_closed(VsockConnId id) override { closed.push_back(id); }
+    void on_reset(std::span<const VsockConnId> ids) override { reset.insert(reset.end(), ids.begin(), ids.end()); }
     void on_send_space(VsockConnId id) override { space.push_back(id); }
 };
 
@@ -747,40 +748,32 @@ TEST_CASE_FIXTURE(Rig, "transport reset event")
     CHECK(used_idx(2) == 3);
 }
 
-TEST_CASE_FIXTURE(Rig, "a device reset drops every connection")
+TEST_CASE_FIXTURE(Rig, "a device reset drops every connection, reported in one on_reset")
 {
     bring_up();
-    establish(100, 200);
+    const VsockConnId a = establish(100, 200);
+    const VsockConnId b = establish(101, 201);
     regs.wr(VIRTIO_MMIO_STATUS, 0);
     CHECK(vsock.connection_count() == 0);
-    CHECK(backend.closed.size() == 1);
+    // Not on_closed: that would run the backend's loop-thread work on the vCPU thread.
+    CHECK(backend.closed.empty());
+    CHECK(backend.reset == std::vector<VsockConnId>{a, b});
     CHECK_FALSE(vsock.connect({1, 2}));  // not active
+    // A reset with no connection has nothing to report.
+    regs.wr(VIRTIO_MMIO_STATUS, 0);
+    CHECK(backend.reset.size() == 2);
 }
 
-TEST_CASE_FIXTURE(Rig, "save, restore, save is identical")
+TEST_CASE_FIXTURE(Rig, "save, restore, save is identical; a restore keeps no connection")
 {
     bring_up();
-    backend.consume_all = false;
-    const VsockConnId a = establish(100, 200, 5000);
-    guest_send(ghdr(VIRTIO_VSOCK_OP_RW, 100, 200, 3000, 0, 5000), pattern(3000));
-    vsock.consumed(a, 1000);
-    vsock.send(a, pattern(9000, 3));      // 5000 go out once rx buffers come, 4000 wait for credit
-    CHECK(vsock.connect({50, 60}));        // REQUEST queued: no rx buffer
-    guest_send(ghdr(VIRTIO_VSOCK_OP_CREDIT_REQUEST, 100, 200, 0, 0, 5000));
+    const VsockConnId a = establish(100, 200);
+    vsock.send(a, pattern(100));  // no rx buffer: waits, and is not part of the state
+    CHECK(vsock.connect({50, 60}));
 
     const auto vs = vsock.save();
     const auto ms = mmio.save();
-    REQUIRE(vs.connections.size() == 2);
-    CHECK(vs.guest_cid == cid);
-    const auto& ca = vs.connections[1];
-    CHECK(ca.id == a);
-    CHECK(ca.rx_cnt == 3000);
-    CHECK(ca.fwd_cnt == 1000);
-    CHECK(ca.pending.size() == 9000);
-    CHECK(ca.peer_buf_alloc == 5000);
-    CHECK(vs.connections[0].state == VirtioVsock::ConnState::connecting);
-    CHECK(vs.control.size() == 2);
-    CHECK(ca.credit_update_queued);
+    CHECK(vs == VirtioVsock::State{cid});
 
     // A second device over the same guest RAM, as if the memory travelled with the snapshot.
     TestBackend backend2;
@@ -791,51 +784,28 @@ TEST_CASE_FIXTURE(Rig, "save, restore, save is identical")
     CHECK(vsock2.save() == vs);
     CHECK(mmio2.save() == ms);
     CHECK(vsock2.guest_cid() == cid);
-    CHECK(vsock2.has_connection(a));
+    CHECK(vsock2.connection_count() == 0);
+    CHECK(backend2.reset.empty());  // the transport's reset before re-activating found nothing
 
-    // The restored device picks up where the first left off: replies first, then the data
-    // the guest's credit allows.
-    post_rx(8, rx_buf, false);
-    mmio2.notify_queue(0);
+    // What the VMM does after every restore: the guest hears the transport reset, and a new
+    // connection goes out once it has handled it; nothing of the old device's is sent.
+    vsock2.send_transport_reset();
+    chain(2, {{sizeof(virtio_vsock_event), true}});
+    mmio2.notify_queue(2);
+    REQUIRE(used_idx(2) == 1);
+    CHECK(mem.read_obj<uint32_t>(buf(2, 0)) == VIRTIO_VSOCK_EVENT_TRANSPORT_RESET);
+    chain(2, {{sizeof(virtio_vsock_event), true}});
+    post_rx(4, rx_buf, false);
+    mmio2.notify_queue(2);
+    REQUIRE(vsock2.connect({70, 80}));
     const auto pkts = take_rx();
-    REQUIRE(pkts.size() >= 3);
-    check_reply(pkts[0], VIRTIO_VSOCK_OP_REQUEST, 50, 60);
-    check_reply(pkts[1], VIRTIO_VSOCK_OP_CREDIT_UPDATE, 200, 100);
-    CHECK(pkts[1].hdr.fwd_cnt == 1000);
-    std::vector<uint8_t> data;
-    for (size_t i = 2; i < pkts.size(); ++i)
-        data.insert(data.end(), pkts[i].payload.begin(), pkts[i].payload.end());
-    const auto expect = pattern(9000, 3);
-    CHECK(data == std::vector<uint8_t>(expect.begin(), expect.begin() + 5000));
-    const auto after = vsock2.save();
+    REQUIRE(pkts.size() == 1);
+    check_reply(pkts[0], VIRTIO_VSOCK_OP_REQUEST, 70, 80);
 
-    SUBCASE("invalid states are refused") {
-        auto bad = vs;
-        bad.guest_cid = 2;
-        CHECK_THROWS_AS(vsock2.restore(bad), Error);
-        bad = vs;
-        bad.connections.push_back(bad.connections[0]);
-        CHECK_THROWS_AS(vsock2.restore(bad), Error);
-        bad = vs;
-        bad.connections[1].pending.resize(VirtioVsock::send_queue_cap + 1);
-        CHECK_THROWS_AS(vsock2.restore(bad), Error);
-        bad = vs;
-        bad.connections[1].credit_update_queued = false;
-        CHECK_THROWS_AS(vsock2.restore(bad), Error);
-        bad = vs;
-        bad.connections[1].fwd_cnt = 5000;  // more than received
-        CHECK_THROWS_AS(vsock2.restore(bad), Error);
-        bad = vs;
-        bad.connections[1].peer_shutdown = 4;
-        CHECK_THROWS_AS(vsock2.restore(bad), Error);
-        bad = vs;
-        bad.control[0].op = 42;
-        CHECK_THROWS_AS(vsock2.restore(bad), Error);
-        bad = vs;
-        bad.control[0].src_cid = 7;  // only RSTs mirror a foreign CID
-        CHECK_THROWS_AS(vsock2.restore(bad), Error);
-        // A refused restore leaves the device as it was.
-        CHECK(vsock2.save() == after);
+    SUBCASE("invalid CIDs are refused, changing nothing") {
+        for (const uint64_t bad : {0ull, 2ull, 0xffffffffull, 1ull << 40})
+            CHECK_THROWS_AS(vsock2.restore(VirtioVsock::State{bad}), Error);
+        CHECK(vsock2.save() == vs);
     }
 }
 
@@ -949,25 +919,6 @@ TEST_CASE_FIXTURE(Rig, "a broken tx ring sets NEEDS_RESET; a reset recovers")
     establish(1, 2);
 }
 
-TEST_CASE_FIXTURE(Rig, "after a restore, a driver reset drops the connections")
-{
-    bring_up();
-    const VsockConnId id = establish(10, 20);
-    const auto vs = vsock.save();
-    const auto ms = mmio.save();
-    TestBackend backend2;
-    VirtioVsock vsock2(backend2);
-    VirtioMmioTransport mmio2(mem, vsock2, {}, {});
-    vsock2.restore(vs);
-    mmio2.restore(ms);
-    CHECK(vsock2.has_connection(id));
-    CHECK(backend2.closed.empty());
-    const uint32_t zero = 0;
-    mmio2.bus_write(VIRTIO_MMIO_STATUS, std::span(reinterpret_cast<const uint8_t*>(&zero), 4));
-    CHECK_FALSE(vsock2.has_connection(id));
-    CHECK(backend2.closed == std::vector<VsockConnId>{id});
-}
-
 TEST_CASE("parse: the packet is a copy, taken once")
 {
     GuestMemory mem(ram);
@@ -1019,7 +970,6 @@ TEST_CASE_FIXTURE(Rig, "after a transport reset, rx waits until the guest has ha
     REQUIRE(used_idx(2) == 1);
     // avail_event asks for a notify on the driver's next buffer, though three are still posted.
     CHECK(mem.read_obj<uint16_t>(q[2].used + 4 + 8ull * qsize) == q[2].avail_idx);
-    CHECK(vsock.save().reset_avail == q[2].avail_idx);
 
     REQUIRE(vsock.connect({1000, 1024}));
     CHECK(take_rx().empty());  // the REQUEST waits: the guest would drop it with the reset
@@ -1029,5 +979,16 @@ TEST_CASE_FIXTURE(Rig, "after a transport reset, rx waits until the guest has ha
     chain(2, {{sizeof(virtio_vsock_event), true}});  // the driver puts the event's buffer back
     mmio.notify_queue(2);
     check_reply(take_one(), VIRTIO_VSOCK_OP_REQUEST, 1000, 1024);
-    CHECK_FALSE(vsock.save().reset_avail);
+}
+
+TEST_CASE_FIXTURE(Rig, "rx never reads an event queue the guest left unusable")
+{
+    // The event ring outside RAM: read only after a transport reset event went into it, which
+    // needs a usable ring. (A fuzzer found rx reading it on every pass, which threw.)
+    q[2] = {0xfffff000, 0xfffff000, 0xfffff000};
+    bring_up();
+    const VsockConnId id = establish(600, 10);
+    CHECK(vsock.send(id, bytes_of("still")) == 5);
+    post_rx(1);
+    CHECK(take_one().payload == bytes_of("still"));
 }

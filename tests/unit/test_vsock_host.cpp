@@ -5,9 +5,11 @@
 #include <doctest/doctest.h>
 
 #include <fcntl.h>
+#include <poll.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/un.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -24,6 +26,7 @@
 #include "devices/virtio_vsock.hpp"
 #include "core/event_loop.hpp"
 #include "common/fd.hpp"
+#include "vmm/seccomp.hpp"
 #include "vmm/vsock_host.hpp"
 
 using namespace agentvm;
@@ -267,4 +270,58 @@ TEST_CASE("vsock host: close_all() ends every stream's I/O, so draining the loop
     CHECK(rig.host->open_streams() == 0);
     CHECK_FALSE(rig.guest_connects(100));
     CHECK(rig.host->open_streams() == 0);
+}
+
+TEST_CASE("vsock host: a driver reset's streams are closed by the loop, not by the thread that reset")
+{
+    Rig rig;
+    REQUIRE(rig.guest_connects(1));
+    REQUIRE(rig.guest_connects(2));
+    Fd peer1(::accept4(rig.listener.get(), nullptr, nullptr, SOCK_CLOEXEC));
+    Fd peer2(::accept4(rig.listener.get(), nullptr, nullptr, SOCK_CLOEXEC));
+    REQUIRE(peer1);
+    REQUIRE(peer2);
+    turn(rig.loop);
+
+    const std::vector<VsockConnId> ids{{5000, 1}, {5000, 2}};
+    // The vCPU threads' filter, which has neither shutdown nor close, lets it through (in a
+    // child, which ends without a thread exit, whose system calls are the C library's).
+    const pid_t child = ::fork();
+    REQUIRE(child >= 0);
+    if (child == 0) {
+        install_seccomp(SeccompRole::vcpu);
+        {
+            std::lock_guard lock(rig.device->mutex());
+            rig.host->on_reset(ids);
+        }
+        ::_exit(0);
+    }
+    int status = 0;
+    REQUIRE(::waitpid(child, &status, 0) == child);
+    CHECK(WIFEXITED(status));
+    CHECK(WEXITSTATUS(status) == 0);
+
+    // As a vCPU thread writing Status 0 does, under the device's mutex.
+    std::thread vcpu([&] {
+        std::lock_guard lock(rig.device->mutex());
+        rig.host->on_reset(ids);
+    });
+    vcpu.join();
+    // Nothing was shut down yet: the host programs see no end of their streams.
+    for (const Fd* peer : {&peer1, &peer2}) {
+        pollfd p{peer->get(), POLLIN, 0};
+        CHECK(::poll(&p, 1, 0) == 0);
+    }
+    // The ids are free at once: a new connection of the guest's may reuse one.
+    CHECK(rig.guest_connects(1));
+    Fd peer3(::accept4(rig.listener.get(), nullptr, nullptr, SOCK_CLOEXEC));
+    REQUIRE(peer3);
+
+    turn(rig.loop);
+    char byte = 0;
+    CHECK(::read(peer1.get(), &byte, 1) == 0);
+    CHECK(::read(peer2.get(), &byte, 1) == 0);
+    CHECK(rig.host->open_streams() == 1);
+    pollfd p{peer3.get(), POLLIN, 0};
+    CHECK(::poll(&p, 1, 0) == 0);  // the new stream lives on
 }
