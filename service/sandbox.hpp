@@ -23,6 +23,7 @@
 #include "core/event_loop.hpp"
 #include "service/call_history.hpp"
 #include "service/episode_process.hpp"
+#include "service/sandbox_settings.hpp"
 
 namespace agentvm {
 
@@ -51,15 +52,7 @@ public:
     Sandbox& operator=(const Sandbox&) = delete;
 
     // Handing a ready VM to a user: its id, limits, env and metadata.
-    struct Settings {
-        std::string id;
-        bool warm = false;
-        std::chrono::milliseconds create_time{0};
-        std::chrono::seconds timeout{300};
-        std::optional<std::chrono::seconds> idle_timeout;
-        std::map<std::string, std::string> env;
-        Json metadata = Json::object();
-    };
+    using Settings = SandboxSettings;
     void assign(Settings settings);
     bool assigned() const { return !settings_.id.empty(); }
     const Settings& settings() const { return settings_; }

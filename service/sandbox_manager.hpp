@@ -1,10 +1,9 @@
-// The sandboxes of one serve: per pool (a snapshot), N VMs kept restored and idle (warm), the
-// sandboxes handed out, admission control and expiry (docs/api.md, "Sandboxes" and "Pools").
+// The sandboxes of one serve (docs/api.md, "Sandboxes" and "Pools"): every VM it runs, the
+// sandboxes handed out by id, their expiry, and drain. It composes the parts that do the rest:
+// Pools (warm VMs and refill), Admission (max_sandboxes, the memory reserve), SandboxSnapshots
+// (fork, pause, resume) and SandboxMetrics (/metrics).
 //
-// A create takes a warm VM (the warm path) or starts one (the cold path); the pool refills in
-// the background, at most refill_concurrency starts at once, and never past max_sandboxes or
-// into the host memory reserve: refill yields to live demand, and a create that would cross
-// either is refused (429, 503), never left to the host's OOM killer.
+// A create takes a warm VM (the warm path) or starts one (the cold path), if admitted.
 #pragma once
 
 #include <chrono>
@@ -13,24 +12,19 @@
 #include <map>
 #include <memory>
 #include <optional>
-#include <set>
 #include <string>
 #include <vector>
 
 #include "core/event_loop.hpp"
 #include "core/loop_timer.hpp"
-#include "service/metrics.hpp"
+#include "service/admission.hpp"
+#include "service/pools.hpp"
 #include "service/problem.hpp"
 #include "service/sandbox.hpp"
-#include "service/snapshot_store.hpp"
+#include "service/sandbox_metrics.hpp"
+#include "service/sandbox_snapshots.hpp"
 
 namespace agentvm {
-
-struct PoolConfig {
-    std::string name;                        // what a create names ("default", or a snapshot path)
-    std::vector<std::string> episode_args;  // after `agentvm episode --announce-ready`
-    unsigned target = 0;                    // warm VMs to keep
-};
 
 struct ManagerConfig {
     std::string program;  // the agentvm binary
@@ -54,13 +48,24 @@ struct ManagerConfig {
     uint64_t fusion_output_max = uint64_t{16} << 20;
 };
 
+// What the manager reads of the host, which tests replace: the time its sweep expires
+// sandboxes and paused sandboxes by (and refill's back-off counts in), and the memory
+// admission measures against the reserve.
+struct HostProbes {
+    std::function<Sandbox::Clock::time_point()> now = &Sandbox::Clock::now;
+    std::function<std::chrono::system_clock::time_point()> wall_now = &std::chrono::system_clock::now;
+    MemoryProbe available_mib = &host_available_mib;
+};
+
 inline constexpr unsigned max_fork_count = 64;
 
-class SandboxManager {
+class SandboxManager : private SandboxSnapshots::Registry {
 public:
-    using CreateDone = std::function<void(Sandbox* sandbox, const Refusal* refusal)>;
+    using CreateDone = agentvm::CreateDone;
+    using ForkDone = SandboxSnapshots::ForkDone;
+    using PauseDone = SandboxSnapshots::PauseDone;
 
-    SandboxManager(EventLoop& loop, ManagerConfig config);
+    SandboxManager(EventLoop& loop, ManagerConfig config, HostProbes probes = {});
     ~SandboxManager();
     SandboxManager(const SandboxManager&) = delete;
     SandboxManager& operator=(const SandboxManager&) = delete;
@@ -68,34 +73,27 @@ public:
     // Calls done once: with the sandbox (assigned `settings`, its id set here), or a refusal.
     void create(const std::string& pool, Sandbox::Settings settings, CreateDone done);
 
-    // Fork, pause and resume (docs/api.md): each calls `done` once. fork: `count` new
-    // sandboxes from a live snapshot of `parent`, which runs on, with its settings and new ids,
-    // once all of them are ready (if one fails, the others are removed and the fork refused).
-    using ForkDone = std::function<void(const std::vector<Sandbox*>& children, const Refusal* refusal)>;
-    void fork(Sandbox& parent, unsigned count, ForkDone done);
-    // pause: the sandbox's live snapshot and settings go to disk and its VM ends; it is then
-    // listed as paused under its id until resumed, deleted or past --paused-retention.
-    using PauseDone = std::function<void(const PausedSandbox* paused, const Refusal* refusal)>;
-    void pause(Sandbox& sandbox, PauseDone done);
-    // resume: the paused sandbox runs again from its snapshot, under the same id.
-    void resume(const std::string& id, CreateDone done);
-    const PausedSandbox* find_paused(const std::string& id) const;
-    std::vector<const PausedSandbox*> paused() const;
+    // Fork, pause and resume: SandboxSnapshots.
+    void fork(Sandbox& parent, unsigned count, ForkDone done) { snapshots_.fork(parent, count, std::move(done)); }
+    void pause(Sandbox& sandbox, PauseDone done) { snapshots_.pause(sandbox, std::move(done)); }
+    void resume(const std::string& id, CreateDone done) { snapshots_.resume(id, std::move(done)); }
+    const PausedSandbox* find_paused(const std::string& id) const { return snapshots_.find_paused(id); }
+    std::vector<const PausedSandbox*> paused() const { return snapshots_.paused(); }
     // By value: a caller may pass the id of the very record it removes.
-    void remove_paused(std::string id, const std::string& reason);
+    void remove_paused(std::string id, const std::string& reason) { snapshots_.remove_paused(std::move(id), reason); }
     // The pool a create without one uses: the only pool, or "default".
-    std::string default_pool() const;
+    std::string default_pool() const { return pools_.default_pool(); }
     const ManagerConfig& config() const { return config_; }
     // The pools of VMs restored from live snapshots (fork, resume) still in use.
-    size_t restore_pools() const { return restore_pools_.size(); }
+    size_t restore_pools() const { return pools_.restore_pools(); }
 
     // Holders keep a weak_ptr: a sandbox lives until its VM has ended.
-    std::shared_ptr<Sandbox> find(const std::string& id);
+    std::shared_ptr<Sandbox> find(const std::string& id) override;
     // Why a sandbox that is gone ended, while that is remembered (the last 4096).
     std::optional<std::string> ended_reason(const std::string& id) const;
     std::vector<Sandbox*> sandboxes();
     // Ends a sandbox now: gone from the list at once, its VM stopped.
-    void remove(Sandbox& sandbox, const std::string& reason);
+    void remove(Sandbox& sandbox, const std::string& reason) override;
 
     // SIGTERM: no more creates or refills; once no call runs (or after `grace`), every VM is
     // stopped; `done` runs when the last has ended.
@@ -104,62 +102,49 @@ public:
     std::string metrics_text() const;
 
 private:
-    // A call's outcome, for /metrics (Sandbox::Hooks::on_call_answered).
-    void count_call(const Json& answer, double seconds);
-    struct Pool {
-        PoolConfig config;
-        std::deque<Sandbox*> warm;  // ready, not handed out
-        unsigned starting = 0;      // refills under way
-        unsigned warming = 0;       // ready, running the warm-up call
-        unsigned failures_in_row = 0;
-        Sandbox::Clock::time_point next_refill{};
-        uint64_t created_warm = 0;
-        uint64_t created_cold = 0;
-    };
     struct Vm {
+        // The live snapshot it was restored from, if any. Before `sandbox`, so that it is
+        // released only once the sandbox is destroyed.
+        SnapshotHold origin;
         std::shared_ptr<Sandbox> sandbox;
         Pool* pool;
         bool refill = false;      // started to become warm, not for a waiting create
         bool low_weight = false;  // started at pool_cpu_weight
-        CreateDone waiting;   // the create a cold start is for
+        CreateDone waiting;       // the create (cold, fork, resume) it was started for
         Sandbox::Settings settings;
         Sandbox::Clock::time_point requested{};
-        std::string origin;  // the live snapshot it was restored from (held in store_), if any
-        std::string outbox;  // where its VMM writes live snapshots (store_->new_outbox()), if any
+        std::string outbox;  // where its VMM writes live snapshots (SandboxSnapshots::new_outbox), if any
     };
 
-    Pool* pool_named(const std::string& name);
+    // SandboxSnapshots::Registry
+    void unlist(const std::string& id) override { by_id_.erase(id); }
+    void remember_end(const std::string& id, const std::string& reason) override;
+    void forget_end(const std::string& id) override { ended_.erase(id); }
+    const std::string& outbox_of(Sandbox& sandbox) const override;
+    void start_for(Pool& pool, Sandbox::Settings settings, Sandbox::Clock::time_point requested, SnapshotHold origin,
+                   CreateDone done) override;
+
     // VMs that count against max_sandboxes: all but those on their way out.
     size_t live_vms() const;
     // for_pool: a refill's VM, started at the pool's low CPU weight.
     Vm& start_vm(Pool& pool, bool for_pool);
     void on_ready(Sandbox& sandbox);
-    void add_warm(Pool& pool, Sandbox& sandbox);
     void on_exit(Sandbox& sandbox, const std::string& why);
+    void on_call_answered(const Json& answer, double seconds);
     void hand_out(Vm& vm, Sandbox::Settings settings, Sandbox::Clock::time_point requested, bool warm);
-    std::optional<Refusal> admit(Pool& pool);
-    void refill();
     void sweep();
     void check_drained();
-    void remember_end(const std::string& id, const std::string& reason);
     std::string new_id() const;
-    // A pool without a target, for VMs restored from a live snapshot (fork and resume).
-    Pool& restore_pool(const std::string& snapshot, const std::string& name);
-    // Forgets a restore pool once no VM of it is left.
-    void prune_restore_pool(Pool& pool);
-    std::optional<Refusal> admit_restores(unsigned count);
-    // Asks the sandbox's episode for a live snapshot; `done` gets its path (adopted by
-    // store_) or why not.
-    void take_snapshot(Sandbox& sandbox, const std::string& kind,
-                       std::function<void(const std::string& path, const std::string& error)> done);
 
     EventLoop& loop_;
     ManagerConfig config_;
-    std::map<std::string, Pool> pools_;
-    std::map<std::string, Pool> restore_pools_;  // by snapshot path
-    std::optional<SnapshotStore> store_;
-    std::set<std::string> resuming_;
-    std::set<std::string> deleted_while_resuming_;  // of resuming_: DELETEd meanwhile
+    HostProbes probes_;
+    bool cpu_weights_ = false;
+    SandboxMetrics metrics_;
+    Admission admission_;
+    Pools pools_;
+    // Before vms_: the store in it outlives the holds VMs keep.
+    SandboxSnapshots snapshots_;
     std::map<Sandbox*, Vm> vms_;
     std::map<std::string, Sandbox*> by_id_;
     std::map<std::string, std::string> ended_;
@@ -168,16 +153,8 @@ private:
     LoopTimer bury_timer_;
     LoopTimer sweep_timer_;
     LoopTimer drain_timer_;
-    bool cpu_weights_ = false;
-    bool draining_ = false;
     bool drain_grace_over_ = false;
     std::function<void()> drained_;
-
-    // /metrics
-    std::map<std::string, uint64_t> refusals_;  // by code
-    std::map<std::string, uint64_t> failures_;  // by kind
-    Histogram create_latency_{latency_buckets()};
-    Histogram call_latency_{latency_buckets()};
 };
 
 } // namespace agentvm

@@ -50,13 +50,13 @@ std::string read_small_file(const fs::path& path)
 
 json PausedSandbox::to_json() const
 {
-    return {{"id", id},
+    return {{"id", settings.id},
             {"snapshot", snapshot},
             {"pool", pool},
-            {"timeout", timeout_s},
-            {"idle_timeout", idle_timeout_s ? json(*idle_timeout_s) : json(nullptr)},
-            {"env", env},
-            {"metadata", metadata},
+            {"timeout", settings.timeout.count()},
+            {"idle_timeout", settings.idle_timeout ? json(settings.idle_timeout->count()) : json(nullptr)},
+            {"env", settings.env},
+            {"metadata", settings.metadata},
             {"paused_at", paused_at},
             {"retain_until", retain_until},
             {"disk_bytes", disk_bytes}};
@@ -66,18 +66,19 @@ PausedSandbox PausedSandbox::from_json(const json& j)
 {
     try {
         PausedSandbox p;
-        p.id = j.at("id").get<std::string>();
+        p.settings.id = j.at("id").get<std::string>();
         p.snapshot = j.at("snapshot").get<std::string>();
         p.pool = j.at("pool").get<std::string>();
-        p.timeout_s = j.at("timeout").get<int64_t>();
+        p.settings.timeout = std::chrono::seconds(j.at("timeout").get<int64_t>());
         if (!j.at("idle_timeout").is_null())
-            p.idle_timeout_s = j.at("idle_timeout").get<int64_t>();
-        p.env = j.at("env").get<std::map<std::string, std::string>>();
-        p.metadata = j.at("metadata");
+            p.settings.idle_timeout = std::chrono::seconds(j.at("idle_timeout").get<int64_t>());
+        p.settings.env = j.at("env").get<std::map<std::string, std::string>>();
+        p.settings.metadata = j.at("metadata");
         p.paused_at = j.at("paused_at").get<int64_t>();
         p.retain_until = j.at("retain_until").get<int64_t>();
         p.disk_bytes = j.at("disk_bytes").get<uint64_t>();
-        if (p.id.empty() || p.id.find('/') != std::string::npos || !p.metadata.is_object())
+        if (p.settings.id.empty() || p.settings.id.find('/') != std::string::npos
+            || !p.settings.metadata.is_object())
             throw Error("malformed id or metadata");
         return p;
     } catch (const json::exception& e) {
@@ -113,10 +114,11 @@ SnapshotStore::SnapshotStore(std::string state_dir)
         }
         try {
             PausedSandbox record = PausedSandbox::from_json(json::parse(read_small_file(path)));
-            if (record.id + ".json" != path.filename().string() || !owns(record.snapshot) ||
+            if (record.settings.id + ".json" != path.filename().string() || !owns(record.snapshot) ||
                 !fs::exists(record.snapshot + "/manifest.json"))
                 throw Error("it does not match its file name, or its snapshot is gone");
-            paused_[record.id] = std::move(record);
+            const std::string id = record.settings.id;
+            paused_[id] = std::move(record);
         } catch (const std::exception& e) {
             spdlog::error("paused sandbox record '{}' is unusable and is removed: {}", path.string(), e.what());
             fs::remove(path);
@@ -135,7 +137,7 @@ SnapshotStore::SnapshotStore(std::string state_dir)
             ++holds_[*parent];
     }
     for (const auto& [id, record] : paused_)
-        ++holds_[record.snapshot];
+        paused_holds_.emplace(id, SnapshotHold(*this, record.snapshot));
     std::vector<std::string> unheld;
     for (const auto& [path, count] : holds_)
         if (count == 0)
@@ -143,8 +145,14 @@ SnapshotStore::SnapshotStore(std::string state_dir)
     for (const std::string& path : unheld) {
         spdlog::info("removing snapshot '{}': nothing holds it any more", path);
         ++holds_[path];
-        release(path);
+        drop_hold(path);
     }
+}
+
+SnapshotStore::~SnapshotStore()
+{
+    for (auto& [id, hold] : paused_holds_)
+        hold.store_ = nullptr;
 }
 
 bool SnapshotStore::owns(const std::string& path) const
@@ -193,8 +201,8 @@ void SnapshotStore::remove_outbox(const std::string& outbox)
         spdlog::error("removing a VM's snapshot outbox '{}': {}", outbox, ec.message());
 }
 
-std::string SnapshotStore::take_from_outbox(const std::string& outbox, const std::string& name,
-                                            const std::string& path)
+SnapshotHold SnapshotStore::take_from_outbox(const std::string& outbox, const std::string& name,
+                                             const std::string& path)
 {
     const std::string written = outbox + "/" + name;
     if (!valid_name(name) || path != written)
@@ -207,7 +215,12 @@ std::string SnapshotStore::take_from_outbox(const std::string& outbox, const std
     if (::rename(written.c_str(), target.c_str()) != 0)
         throw_errno(fmt::format("moving snapshot '{}' to '{}'", written, target));
     adopt(target);
-    return target;
+    return SnapshotHold(*this, target);
+}
+
+SnapshotHold SnapshotStore::hold(const std::string& path)
+{
+    return SnapshotHold(*this, path);
 }
 
 std::optional<std::string> SnapshotStore::parent_of(const std::string& path) const
@@ -229,16 +242,16 @@ void SnapshotStore::adopt(const std::string& path)
 {
     holds_.try_emplace(path, 0);
     if (const auto parent = parent_of(path))
-        hold(*parent);
+        add_hold(*parent);
 }
 
-void SnapshotStore::hold(const std::string& path)
+void SnapshotStore::add_hold(const std::string& path)
 {
     if (owns(path))
         ++holds_[path];
 }
 
-void SnapshotStore::release(const std::string& path)
+void SnapshotStore::drop_hold(const std::string& path)
 {
     auto it = holds_.find(path);
     if (it == holds_.end() || --it->second > 0)
@@ -246,7 +259,7 @@ void SnapshotStore::release(const std::string& path)
     const std::optional<std::string> parent = parent_of(path);
     holds_.erase(it);
     if (!owns(path))
-        return;  // never held: hold() and the start-up count take only our own
+        return;  // never held: add_hold() and the start-up count take only our own
     std::error_code ec;
     fs::remove_all(path, ec);
     if (ec)
@@ -254,13 +267,15 @@ void SnapshotStore::release(const std::string& path)
     else
         spdlog::debug("snapshot '{}' removed: nothing holds it", path);
     if (parent)
-        release(*parent);
+        drop_hold(*parent);
 }
 
-void SnapshotStore::add_paused(PausedSandbox record)
+void SnapshotStore::add_paused(PausedSandbox record, SnapshotHold snapshot)
 {
-    const fs::path path = fs::path(paused_dir_) / (record.id + ".json");
-    const fs::path partial = fs::path(paused_dir_) / (record.id + ".json.partial");
+    record.snapshot = snapshot.path();
+    const std::string id = record.settings.id;
+    const fs::path path = fs::path(paused_dir_) / (id + ".json");
+    const fs::path partial = fs::path(paused_dir_) / (id + ".json.partial");
     {
         std::ofstream out(partial, std::ios::binary | std::ios::trunc);
         out << record.to_json().dump(2) << "\n";
@@ -272,8 +287,8 @@ void SnapshotStore::add_paused(PausedSandbox record)
     fs::rename(partial, path, ec);
     if (ec)
         throw Error(fmt::format("writing the paused sandbox's record '{}': {}", path.string(), ec.message()));
-    hold(record.snapshot);
-    paused_[record.id] = std::move(record);
+    paused_[id] = std::move(record);
+    paused_holds_[id] = std::move(snapshot);
 }
 
 void SnapshotStore::remove_paused(std::string id)
@@ -281,11 +296,10 @@ void SnapshotStore::remove_paused(std::string id)
     auto it = paused_.find(id);
     if (it == paused_.end())
         return;
-    const std::string snapshot = it->second.snapshot;
     paused_.erase(it);
     std::error_code ec;
     fs::remove(fs::path(paused_dir_) / (id + ".json"), ec);
-    release(snapshot);
+    paused_holds_.erase(id);
 }
 
 uint64_t SnapshotStore::stored_bytes(const std::string& path)

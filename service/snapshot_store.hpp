@@ -8,10 +8,11 @@
 // into snapshots/ only when the VM answers with exactly that directory. Every name the store
 // takes is one it makes (kind, sandbox id and counters: no '/', '.' or '..'): a guest that
 // forges an answer or a manifest cannot name a path outside snapshots/.
-// A snapshot stays while something holds it: a VM restored from it, a paused sandbox, or a
-// snapshot stored over it (its manifest's parent). When the last hold goes it is removed, and
-// with it its hold on its parent. At start the holds are counted again from what is on disk,
-// and whatever nothing holds (left by a serve that was killed) is removed.
+// A snapshot stays while something holds it: a VM restored from it, a paused sandbox (each with
+// a SnapshotHold, snapshot_hold.hpp), or a snapshot stored over it (its manifest's parent).
+// When the last hold goes it is removed, and with it its hold on its parent. At start the
+// holds are counted again from what is on disk, and whatever nothing holds (left by a serve
+// that was killed) is removed.
 #pragma once
 
 #include <cstdint>
@@ -24,18 +25,18 @@
 #include <nlohmann/json.hpp>
 
 #include "common/fd.hpp"
+#include "service/sandbox_settings.hpp"
+#include "service/snapshot_hold.hpp"
 
 namespace agentvm {
 
-// What resuming a paused sandbox needs: its id, the snapshot, and the settings it had.
+// What resuming a paused sandbox needs: the settings it had (its id among them) and the snapshot.
+// Of the settings, the record keeps what the user gave: not `warm` and `create_time`, which
+// describe one hand-out.
 struct PausedSandbox {
-    std::string id;
+    SandboxSettings settings;
     std::string snapshot;  // the directory under snapshots/
     std::string pool;
-    int64_t timeout_s = 300;
-    std::optional<int64_t> idle_timeout_s;
-    std::map<std::string, std::string> env;
-    nlohmann::json metadata = nlohmann::json::object();
     int64_t paused_at = 0;     // Unix seconds
     int64_t retain_until = 0;  // Unix seconds: removed after
     uint64_t disk_bytes = 0;   // what its own snapshot stores
@@ -51,6 +52,12 @@ public:
     // directory), reads the paused sandboxes, counts the holds and removes what nothing holds.
     // Throws Error when the directory cannot be used or another serve holds it.
     explicit SnapshotStore(std::string state_dir);
+    // Keeps what is on disk, the paused sandboxes' snapshots included: the next start counts
+    // their holds again.
+    ~SnapshotStore();
+    // Holds point at their store.
+    SnapshotStore(const SnapshotStore&) = delete;
+    SnapshotStore& operator=(const SnapshotStore&) = delete;
 
     const std::string& snapshots_dir() const { return snapshots_dir_; }
     // Whether `path` is one of ours (snapshots/NAME with a name of the store's making), which
@@ -67,18 +74,19 @@ public:
     // Removes a VM's outbox and whatever it left there.
     void remove_outbox(const std::string& outbox);
     // The VM with `outbox` answered that it wrote snapshot `name` at `path`: moved into
-    // snapshots/ and adopted (it holds its parent, if that is ours; nothing holds it yet: the
-    // caller holds it next). Returns its path there. `name` is the one the caller asked the
-    // VM for, never one read from its answer. Throws Error when `path` is not that outbox's
-    // directory `name`, or that is not a plain directory.
-    std::string take_from_outbox(const std::string& outbox, const std::string& name, const std::string& path);
-    void hold(const std::string& path);
-    // Drops one hold; at none the snapshot is removed, and its own hold on its parent dropped.
-    void release(const std::string& path);
+    // snapshots/ and adopted (it holds its parent, if that is ours). Returns the one hold on
+    // it: dropped, the snapshot is removed. `name` is the one the caller asked the VM for,
+    // never one read from its answer. Throws Error when `path` is not that outbox's directory
+    // `name`, or that is not a plain directory.
+    SnapshotHold take_from_outbox(const std::string& outbox, const std::string& name, const std::string& path);
+    // One more hold on a snapshot of ours (a paused sandbox's, for the VM that resumes it); on
+    // any other path it holds nothing.
+    SnapshotHold hold(const std::string& path);
 
     const std::map<std::string, PausedSandbox>& paused() const { return paused_; }
-    // Writes the record (atomically: a temporary file renamed) and holds its snapshot. Throws Error.
-    void add_paused(PausedSandbox record);
+    // Writes the record (atomically: a temporary file renamed), its snapshot the one `snapshot`
+    // holds, which the record then keeps. Throws Error, and `snapshot` is dropped.
+    void add_paused(PausedSandbox record, SnapshotHold snapshot);
     // Removes the record and drops its hold.
     // By value: a caller may pass the id of the very record it removes.
     void remove_paused(std::string id);
@@ -87,6 +95,12 @@ public:
     static uint64_t stored_bytes(const std::string& path);
 
 private:
+    friend class SnapshotHold;
+    // A snapshot's count of holds, by its path: only SnapshotHold and a snapshot's own hold on
+    // its parent change it.
+    void add_hold(const std::string& path);
+    // At none the snapshot is removed, and its own hold on its parent dropped.
+    void drop_hold(const std::string& path);
     std::optional<std::string> parent_of(const std::string& path) const;
     // A snapshot just taken in: it holds its parent, if that is ours.
     void adopt(const std::string& path);
@@ -98,6 +112,7 @@ private:
     uint64_t names_made_ = 0;
     std::map<std::string, int> holds_;
     std::map<std::string, PausedSandbox> paused_;
+    std::map<std::string, SnapshotHold> paused_holds_;  // by id: each paused sandbox's snapshot
 };
 
 } // namespace agentvm

@@ -31,15 +31,16 @@ Json sandbox_json(const Sandbox& sandbox)
 
 Json paused_json(const PausedSandbox& paused)
 {
-    return Json{{"id", paused.id},
+    return Json{{"id", paused.settings.id},
                 {"pool", paused.pool},
                 {"state", "paused"},
                 {"paused_at", paused.paused_at},
                 {"retain_until", paused.retain_until},
                 {"disk_bytes", paused.disk_bytes},
-                {"timeout", paused.timeout_s},
-                {"idle_timeout", paused.idle_timeout_s ? Json(*paused.idle_timeout_s) : Json(nullptr)},
-                {"metadata", paused.metadata}};
+                {"timeout", paused.settings.timeout.count()},
+                {"idle_timeout",
+                 paused.settings.idle_timeout ? Json(paused.settings.idle_timeout->count()) : Json(nullptr)},
+                {"metadata", paused.settings.metadata}};
 }
 
 int native_status(ServiceError code)

@@ -32,7 +32,7 @@ struct PausedState {
         std::filesystem::create_directories(dir + "/paused");
         std::ofstream(snapshot + "/manifest.json") << "{}";
         PausedSandbox record;
-        record.id = id;
+        record.settings.id = id;
         record.snapshot = snapshot;
         record.pool = "default";
         record.retain_until = 4102444800;  // 2100

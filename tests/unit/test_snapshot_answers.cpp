@@ -114,7 +114,7 @@ TEST_CASE("a forged snapshot answer is refused, and a forged parent holds nothin
         REQUIRE(manager.paused().size() == 1);
         const std::string snapshot = manager.paused().front()->snapshot;
         CHECK(fs::path(snapshot).parent_path() == state / "snapshots");
-        manager.remove_paused(manager.paused().front()->id, "test");
+        manager.remove_paused(manager.paused().front()->settings.id, "test");
         CHECK_FALSE(fs::exists(snapshot));
         check_untouched(state);
     }

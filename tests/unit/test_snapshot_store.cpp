@@ -8,6 +8,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <string>
 
 #include "common/error.hpp"
@@ -105,12 +106,12 @@ TEST_CASE("a VM's snapshot is taken only from its own outbox, under the name it 
     fs::create_directory_symlink(state, fs::path(outbox) / linked);
     CHECK_THROWS_AS(store.take_from_outbox(outbox, linked, outbox + "/" + linked), Error);
 
-    const std::string taken = store.take_from_outbox(outbox, name, outbox + "/" + name);
+    std::optional<SnapshotHold> hold = store.take_from_outbox(outbox, name, outbox + "/" + name);
+    const std::string taken = hold->path();
     CHECK(taken == store.snapshots_dir() + "/" + name);
     CHECK(fs::exists(fs::path(taken) / "manifest.json"));
     CHECK_FALSE(fs::exists(fs::path(outbox) / name));
-    store.hold(taken);
-    store.release(taken);
+    hold.reset();
     CHECK_FALSE(fs::exists(taken));
     store.remove_outbox(outbox);
     store.remove_outbox(state.string());  // not an outbox: left alone
@@ -129,9 +130,11 @@ TEST_CASE("a manifest naming a parent outside snapshots/ holds nothing and remov
                                       store.snapshots_dir(), state.string() + "/paused", std::string("/")}) {
         const std::string name = store.new_name("fork", "sb-00");
         make_snapshot(fs::path(outbox) / name, parent);
-        const std::string taken = store.take_from_outbox(outbox, name, outbox + "/" + name);
-        store.hold(taken);
-        store.release(taken);
+        std::string taken;
+        {
+            const SnapshotHold hold = store.take_from_outbox(outbox, name, outbox + "/" + name);
+            taken = hold.path();
+        }
         CHECK_FALSE(fs::exists(taken));
         check_bystanders(state);
     }

@@ -1,0 +1,24 @@
+// What a user gives a sandbox when it is handed out (docs/api.md, "Create"): kept by the running
+// sandbox and, while it is paused, by its record on disk, so that a resume gives it back whole.
+#pragma once
+
+#include <chrono>
+#include <map>
+#include <optional>
+#include <string>
+
+#include "protocol/agent_protocol.hpp"
+
+namespace agentvm {
+
+struct SandboxSettings {
+    std::string id;
+    bool warm = false;  // handed out from a pool's warm VMs, not started for its create
+    std::chrono::milliseconds create_time{0};
+    std::chrono::seconds timeout{300};
+    std::optional<std::chrono::seconds> idle_timeout;
+    std::map<std::string, std::string> env;
+    Json metadata = Json::object();
+};
+
+} // namespace agentvm
