@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include "common/file_digest.hpp"
 #include "protocol/response_scanner.hpp"
 #include "protocol/agent_protocol.hpp"
 
@@ -40,6 +41,92 @@ std::optional<CallLimits> limits_of(const Request& request)
     if (const auto* run = std::get_if<RunCodeRequest>(&request.op))
         return CallLimits{run->timeout_s, run->max_output};
     return std::nullopt;
+}
+
+// The env op's bounds are serve's for a sandbox's env (its create request): so many
+// variables, names so long, and the request body's 1 MiB for names and values together,
+// which also keeps the export (each value quoted, at most 4 bytes a byte) far below a line's
+// 64 MiB.
+constexpr size_t max_env_entries = 256;
+constexpr size_t max_env_name_bytes = 256;
+constexpr size_t max_env_bytes = size_t{1} << 20;
+// The export's own time limit: a few builtins, which only a wedged guest takes long over.
+constexpr double export_timeout_s = 60;
+// A shell variable (not exported) that holds the digest of the env the shell has.
+constexpr std::string_view export_marker = "__agentvm_env";
+
+// A name the shell can export: letters, digits and _, not a digit first.
+bool is_shell_name(const std::string& name)
+{
+    if (name.empty() || name.size() > max_env_name_bytes || (name[0] >= '0' && name[0] <= '9'))
+        return false;
+    return std::all_of(name.begin(), name.end(), [](char c) {
+        return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_';
+    });
+}
+
+// The host's env op, which the agent's parser refuses as an unknown op: the request, parsed
+// again (only a line with an unknown op pays for that), or nullopt when it is not one.
+std::optional<Json> env_op_of(const std::string& line, const RequestError& refused)
+{
+    if (refused.error.code() != "unknown_op")
+        return std::nullopt;
+    Json request = Json::parse(line, nullptr, false);
+    if (!request.is_object() || request.value("op", Json()) != "env")
+        return std::nullopt;
+    return request;
+}
+
+// Throws CallError.
+std::map<std::string, std::string> parse_env(const Json& request)
+{
+    const auto env = request.find("env");
+    if (env == request.end())
+        throw CallError("missing_field", "missing \"env\"");
+    if (!env->is_object() || env->size() > max_env_entries)
+        throw CallError("bad_field", fmt::format("\"env\" must be an object of at most {} strings", max_env_entries));
+    std::map<std::string, std::string> vars;
+    size_t bytes = 0;
+    for (const auto& [name, value] : env->items()) {
+        if (!is_shell_name(name))
+            throw CallError("bad_field", fmt::format("\"env\": \"{:.64}\" is not a variable name (letters, digits "
+                                                     "and _, not a digit first, at most {} bytes)",
+                                                     name, max_env_name_bytes));
+        if (!value.is_string() || value.get_ref<const std::string&>().find('\0') != std::string::npos)
+            throw CallError("bad_field", fmt::format("\"env\": \"{}\" must be a string without NUL", name));
+        bytes += name.size() + value.get_ref<const std::string&>().size();
+        if (bytes > max_env_bytes)
+            throw CallError("bad_field",
+                            fmt::format("\"env\" is limited to {} bytes of names and values", max_env_bytes));
+        vars[name] = value.get<std::string>();
+    }
+    return vars;
+}
+
+// bash and sh single quotes: everything literal, a ' written as '\''.
+std::string shell_quote(const std::string& text)
+{
+    std::string quoted = "'";
+    for (char c : text) {
+        if (c == '\'')
+            quoted += "'\\''";
+        else
+            quoted += c;
+    }
+    return quoted + "'";
+}
+
+// The shell command that exports env, unless the shell has exported that very env already,
+// which it remembers in export_marker: a VM restored from a snapshot taken after the export
+// has it, and exporting again there would undo what its shell changed since (an unset, a new
+// value).
+std::string export_command(const std::map<std::string, std::string>& env)
+{
+    std::string exports;
+    for (const auto& [name, value] : env)
+        exports += " " + name + "=" + shell_quote(value);
+    const std::string digest = sha256_hex(exports).substr(0, 16);
+    return fmt::format("[ \"${{{0}-}}\" = {1} ] || {{ export{2} && {0}={1}; }}", export_marker, digest, exports);
 }
 
 } // namespace
@@ -97,13 +184,20 @@ void EpisodeRelay::on_request(std::string&& line)
     std::string id;
     std::optional<CallLimits> limits;
     bool is_close = false;
+    bool is_shell = false;
     std::optional<std::string> snapshot_name;
+    std::optional<std::string> env;  // an exec request's env with the sandbox's merged in
     {
         // Scoped: the parsed request (its data decoded) is gone before the line is queued.
         Request request;
         try {
             request = parse_request(line);
         } catch (const RequestError& e) {
+            if (const std::optional<Json> env_request = env_op_of(line, e)) {
+                if (id_free(e.id.dump()))
+                    set_env(e.id.dump(), *env_request);
+                return;
+            }
             reply_error(e.id.dump(), e.error.code(), e.error.what());
             return;
         }
@@ -116,26 +210,30 @@ void EpisodeRelay::on_request(std::string&& line)
         }
         limits = limits_of(request);
         is_close = std::holds_alternative<CloseRequest>(request.op);
+        is_shell = std::holds_alternative<ShellRequest>(request.op);
         if (const auto* snapshot = std::get_if<SnapshotRequest>(&request.op))
             snapshot_name = snapshot->name;
+        if (const auto* exec = std::get_if<ExecRequest>(&request.op); exec && !env_.empty()) {
+            Json merged = Json::object();
+            for (const auto& [name, value] : env_)
+                merged[name] = value;
+            for (const auto& [name, value] : exec->env)
+                merged[name] = value;
+            env = merged.dump(-1, ' ', false, Json::error_handler_t::replace);
+        }
     }
-    if (id.size() > max_id_bytes) {
-        reply_error(id, "bad_field", fmt::format("\"id\" is limited to {} bytes in an episode", max_id_bytes));
+    if (!id_free(id))
         return;
-    }
-    if (pending_.contains(id) || host_pending_.contains(id)) {
-        reply_error(id, "bad_field",
-                    fmt::format("\"id\" {} is already used by a call that has not answered yet", id));
-        return;
-    }
     if (snapshot_name) {
         start_snapshot(id, *snapshot_name);
         return;
     }
-    Pending pending{id, requests_++, std::nullopt};
-    // What goes after the line's closing brace, up to and with its newline: written apart
-    // from the line, which may be 64 MiB and is not copied to make room.
-    std::string tail = "\n";
+    Pending pending{id, requests_++, std::nullopt, is_shell};
+    // Fields added at the end of the line, where they override the request's own (JSON's last
+    // duplicate wins).
+    std::string added;
+    if (env)
+        added = ",\"env\":" + *env;
     if (limits) {
         if (limits->max_output > max_output_limit) {
             reply_error(id, "bad_field",
@@ -144,21 +242,37 @@ void EpisodeRelay::on_request(std::string&& line)
         }
         std::optional<double> timeout_s = limits->timeout_s;
         if (!timeout_s && call_timeout_s_) {
-            // Last, so that it also overrides a "timeout":null (JSON's last duplicate wins);
-            // the line is an object (it parsed), so it ends with its closing brace.
+            // Also overrides a "timeout":null.
             timeout_s = call_timeout_s_;
-            const size_t brace = line.find_last_of('}');
-            tail = fmt::format(",\"timeout\":{}{}\n", *timeout_s, std::string_view(line).substr(brace));
-            line.resize(brace);
+            added += fmt::format(",\"timeout\":{}", *timeout_s);
         }
         if (timeout_s)
             pending.deadline = Clock::now()
                 + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(*timeout_s))
                 + grace_;
     }
+    // What goes after the line's closing brace, up to and with its newline: written apart
+    // from the line, which may be 64 MiB and is not copied to make room.
+    std::string tail = "\n";
+    if (!added.empty()) {
+        if (line.size() + added.size() > max_line_bytes) {
+            reply_error(id, "bad_field",
+                        fmt::format("with what the episode adds to it (the sandbox's env, the default "
+                                    "timeout), the request would be longer than {} bytes",
+                                    max_line_bytes));
+            return;
+        }
+        // The line is an object (it parsed), so it ends with its closing brace.
+        const size_t brace = line.find_last_of('}');
+        tail = added + std::string(std::string_view(line).substr(brace)) + "\n";
+        line.resize(brace);
+    }
     pending_.emplace(std::move(id), std::move(pending));
     arm_watchdog();
 
+    // Shell calls run in the order they are sent: the export goes first.
+    if (is_shell && env_due_)
+        export_env();
     agent_out_->write(std::move(line));
     agent_out_->write(std::move(tail));
     if (agent_out_->queued_bytes() > max_queued_to_agent) {
@@ -173,6 +287,51 @@ void EpisodeRelay::on_request(std::string&& line)
         input_done_ = true;
         input_.pause();
     }
+}
+
+bool EpisodeRelay::id_free(const std::string& id)
+{
+    if (id.size() > max_id_bytes) {
+        reply_error(id, "bad_field", fmt::format("\"id\" is limited to {} bytes in an episode", max_id_bytes));
+        return false;
+    }
+    if (pending_.contains(id) || host_pending_.contains(id) || exports_.contains(id)) {
+        reply_error(id, "bad_field",
+                    fmt::format("\"id\" {} is already used by a call that has not answered yet", id));
+        return false;
+    }
+    return true;
+}
+
+void EpisodeRelay::set_env(const std::string& id, const Json& request)
+{
+    try {
+        env_ = parse_env(request);
+    } catch (const CallError& e) {
+        reply_error(id, e.code(), e.what());
+        return;
+    }
+    env_due_ = !env_.empty();
+    Json answer = Json::object();
+    answer["id"] = Json::parse(id);
+    answer["ok"] = true;
+    emit(to_line(answer));
+}
+
+void EpisodeRelay::export_env()
+{
+    env_due_ = false;
+    std::string id;
+    do
+        id = Json(fmt::format("agentvm-env-{}", ++exports_made_)).dump();
+    while (pending_.contains(id) || host_pending_.contains(id));
+    exports_.insert(id);
+    Json call = Json::object();
+    call["id"] = Json::parse(id);
+    call["op"] = "shell";
+    call["cmd"] = export_command(env_);
+    call["timeout"] = export_timeout_s;
+    agent_out_->write(to_line(call));
 }
 
 void EpisodeRelay::start_snapshot(const std::string& id, const std::string& name)
@@ -243,12 +402,18 @@ void EpisodeRelay::on_response(const ResponseSummary& summary)
 {
     if (ended_ || !summary.id)
         return;
-    if (summary.is_event)
+    if (summary.is_event) {
         on_progress(*summary.id);
-    else if (pending_.erase(*summary.id)) {
-        arm_watchdog();
-        take_next_snapshot();
+        return;
     }
+    const auto call = pending_.find(*summary.id);
+    if (call == pending_.end())
+        return;
+    if (call->second.shell && (summary.timed_out || summary.cancelled))
+        env_due_ = !env_.empty();  // its shell was killed; the next one starts without the env
+    pending_.erase(call);
+    arm_watchdog();
+    take_next_snapshot();
 }
 
 void EpisodeRelay::on_stray_line(const ResponseSummary& summary)
@@ -256,6 +421,20 @@ void EpisodeRelay::on_stray_line(const ResponseSummary& summary)
     if (ended_)
         return;
     const std::string id = summary.id.value_or("none");
+    if (summary.id && exports_.contains(*summary.id)) {
+        if (summary.is_event) {
+            // The export asks for no events: the guest has taken over the agent's connection.
+            end(End::agent_protocol,
+                fmt::format("the guest sent an event about call {:.64}, the host's own export of the env, which "
+                            "streams nothing: a forged answer",
+                            id));
+            return;
+        }
+        exports_.erase(*summary.id);
+        if (summary.timed_out || summary.cancelled)
+            env_due_ = !env_.empty();
+        return;
+    }
     if (summary.id && host_pending_.contains(*summary.id)) {
         // Only the host answers its own calls: the guest has taken over the agent's connection.
         end(End::agent_protocol,

@@ -9,10 +9,14 @@
 // Requests are held whole (they are capped at max_line_bytes); responses are passed on as
 // they arrive (ResponseStream), so their size costs the relay no memory.
 //
-// The one host-side op, "snapshot", is answered here through a handler the episode sets
-// (on_snapshot). It is taken once every call sent before it has answered, and no request
-// after it is read until then; it waits among the other calls, and keeps the episode from
-// finishing until it is answered.
+// Two ops are the host's own, answered here. "snapshot", through a handler the episode sets
+// (on_snapshot), is taken once every call sent before it has answered, and no request after
+// it is read until then; it waits among the other calls, and keeps the episode from
+// finishing until it is answered. "env" sets the sandbox's environment, the one place it is
+// kept for serve and the Python client alike: merged into every exec request (the request's
+// own entries win), and exported into the persistent shell by a shell call of the relay's own
+// before the first shell call after it was set, and again after a shell call that answered
+// timed_out or cancelled (that killed the shell). The export's answer goes nowhere.
 //
 // Runs on the VM's event loop thread.
 #pragma once
@@ -23,6 +27,7 @@
 #include <functional>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 
 #include "core/async_writer.hpp"
@@ -101,9 +106,15 @@ private:
         std::string id_json;  // the id as the request spelled it, for error responses
         uint64_t order;       // errors for unanswered calls go out in request order
         std::optional<std::chrono::steady_clock::time_point> deadline;
+        bool shell = false;   // one that times out or is cancelled kills the shell, and its env
     };
 
     void on_request(std::string&& line);
+    // Whether a request may use `id`; if not, it is answered with the reason.
+    bool id_free(const std::string& id);
+    void set_env(const std::string& id, const Json& request);
+    // Sends the shell call that exports env_, ahead of the shell call about to be sent.
+    void export_env();
     void start_snapshot(const std::string& id, const std::string& name);
     void take_next_snapshot();
     void on_response(const ResponseSummary& summary);
@@ -132,6 +143,10 @@ private:
     std::optional<double> call_timeout_s_;
     std::map<std::string, Pending> pending_;  // by id as compact JSON
     std::map<std::string, Pending> host_pending_;  // the host's own calls (snapshot), as pending_
+    std::map<std::string, std::string> env_;  // set by the env op
+    bool env_due_ = false;  // the shell lacks env_: export it before the next shell call
+    std::set<std::string> exports_;  // ids of the relay's export calls the agent has not answered
+    uint64_t exports_made_ = 0;
     SnapshotHandler snapshot_handler_;
     std::deque<std::pair<std::string, std::string>> snapshots_waiting_;  // (id, name), in order
     bool snapshot_running_ = false;

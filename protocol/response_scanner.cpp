@@ -1,6 +1,7 @@
 #include "protocol/response_scanner.hpp"
 
 #include <array>
+#include <utility>
 
 #include <nlohmann/json.hpp>
 
@@ -158,7 +159,11 @@ bool ResponseScanner::begin_value(char c)
     value_is_id_ = false;
     if (capturing_id_)
         id_text_.clear();
+    // Anything but a literal true says false; JSON's last duplicate wins, as for the harness.
+    value_flag_ = std::exchange(key_flag_, Flag::none);
+    set_flag(value_flag_, false);
     if (c == '{' || c == '[') {
+        value_flag_ = Flag::none;
         // A structured "id" is no id at all: the agent only ever echoes scalars.
         if (capturing_id_)
             summary_.id.reset();
@@ -328,10 +333,13 @@ void ResponseScanner::end_string()
     value_is_id_ = name == "id";
     if (name == "event")
         summary_.is_event = true;
+    key_flag_ = name == "timed_out" ? Flag::timed_out : name == "cancelled" ? Flag::cancelled : Flag::none;
 }
 
 void ResponseScanner::end_value()
 {
+    if (value_flag_ != Flag::none)
+        set_flag(std::exchange(value_flag_, Flag::none), token_ == Token::literal && literal_ == "true");
     token_ = Token::none;
     expect_ = Expect::comma_or_close;
     if (!capturing_id_)
@@ -354,6 +362,14 @@ void ResponseScanner::capture(std::string_view bytes)
     const size_t limit = capturing_key_ ? max_key_bytes : max_id_bytes;
     if (text && text->size() <= limit)
         text->append(bytes.substr(0, limit + 1 - text->size()));
+}
+
+void ResponseScanner::set_flag(Flag flag, bool value)
+{
+    if (flag == Flag::timed_out)
+        summary_.timed_out = value;
+    else if (flag == Flag::cancelled)
+        summary_.cancelled = value;
 }
 
 std::optional<ResponseSummary> summarize_response(std::string_view line)

@@ -1,7 +1,8 @@
 // What the episode relay must know of each line the agent sends: whose call it is about,
-// whether it ends the call, and that it is a JSON object at all. Read by a push scanner that
-// is fed the line in pieces as they arrive and keeps only a few small fields, so a response
-// carrying hundreds of MiB of escaped output passes through without ever being held whole.
+// whether it ends the call, whether it says the call was killed, and that it is a JSON object
+// at all. Read by a push scanner that is fed the line in pieces as they arrive and keeps only
+// a few small fields, so a response carrying hundreds of MiB of escaped output passes through
+// without ever being held whole.
 #pragma once
 
 #include <cstddef>
@@ -21,6 +22,10 @@ struct ResponseSummary {
     // max_id_bytes as written.
     std::optional<std::string> id;
     bool is_event = false;  // has an "event" member: more lines about this call follow
+    // Top-level "timed_out" / "cancelled" are true: a shell call's answer then says its shell
+    // was killed (the next call starts a fresh one).
+    bool timed_out = false;
+    bool cancelled = false;
 };
 
 // The longest id the relay keeps track of, as compact JSON (the episode refuses requests
@@ -45,6 +50,8 @@ public:
 private:
     enum class Expect : uint8_t { top, key_or_close, key, colon, value, value_or_close, comma_or_close, done };
     enum class Token : uint8_t { none, string, number, literal };
+    // The top-level boolean a value is read for.
+    enum class Flag : uint8_t { none, timed_out, cancelled };
 
     bool structural(char c);
     bool begin_value(char c);
@@ -55,6 +62,7 @@ private:
     void end_value();
     void end_string();
     void capture(std::string_view bytes);
+    void set_flag(Flag flag, bool value);
 
     std::vector<bool> stack_;  // open containers: true for an object
     Expect expect_ = Expect::top;
@@ -78,6 +86,8 @@ private:
     bool capturing_key_ = false;
     bool capturing_id_ = false;
     bool value_is_id_ = false;
+    Flag key_flag_ = Flag::none;    // the top-level key just read names a flag
+    Flag value_flag_ = Flag::none;  // the value being read is that flag's
     ResponseSummary summary_;
 };
 

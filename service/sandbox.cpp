@@ -14,19 +14,6 @@
 namespace agentvm {
 namespace {
 
-// bash single quotes: everything literal, a ' written as '\''.
-std::string shell_quote(const std::string& text)
-{
-    std::string quoted = "'";
-    for (char c : text) {
-        if (c == '\'')
-            quoted += "'\\''";
-        else
-            quoted += c;
-    }
-    return quoted + "'";
-}
-
 // The last line agentvm wrote on stderr: why an episode ended, in its own words.
 std::string last_line(const std::string& text)
 {
@@ -74,6 +61,23 @@ void Sandbox::assign(Settings settings)
     assigned_wall_ = std::chrono::system_clock::now();
     deadline_ = assigned_at_ + settings_.timeout;
     last_activity_ = assigned_at_;
+    if (settings_.env.empty())
+        return;
+    // The episode's relay merges the env into each exec and exports it in the shell
+    // (docs/protocol.md, "env"); a fork or resume child gets it again here, harmlessly.
+    Json env = Json::object();
+    for (const auto& [name, value] : settings_.env)
+        env[name] = value;
+    send(Json{{"op", "env"}, {"env", std::move(env)}},
+         Call{.handlers = CallHandlers{[](Json&&) {},
+                                       [id = settings_.id](Json&& answer) {
+                                           if (answer.contains("error"))
+                                               spdlog::warn("sandbox {}: its env was refused: {}", id,
+                                                            answer["error"].dump());
+                                       }},
+              .history_seq = std::nullopt,
+              .counts_as_activity = false,
+              .users = false});
 }
 
 void Sandbox::set_timeout(std::chrono::seconds timeout)
@@ -102,31 +106,10 @@ uint64_t Sandbox::call(Json request, std::optional<Json> summary, CallHandlers h
         && request["max_output"].is_number_unsigned()
         && request["max_output"].get<uint64_t>() > EpisodeProcess::max_output_limit)
         request["max_output"] = EpisodeProcess::max_output_limit;
-    if (op == "exec" && !settings_.env.empty()) {
-        Json env = Json::object();
-        for (const auto& [name, value] : settings_.env)
-            env[name] = value;
-        if (request.contains("env") && request["env"].is_object())
-            for (const auto& [name, value] : request["env"].items())
-                env[name] = value;
-        request["env"] = std::move(env);
-    }
-    if (op == "shell" && !shell_env_sent_ && !settings_.env.empty()) {
-        shell_env_sent_ = true;
-        std::string exports = "export";
-        for (const auto& [name, value] : settings_.env)
-            exports += " " + name + "=" + shell_quote(value);
-        send(Json{{"op", "shell"}, {"cmd", exports}},
-             Call{.handlers = CallHandlers{[](Json&&) {}, [](Json&&) {}},
-                  .history_seq = std::nullopt,
-                  .counts_as_activity = false,
-                  .shell = true,
-                  .users = false});
-    }
     std::optional<uint64_t> seq;
     if (summary)
         seq = history_.begin(std::move(*summary));
-    return send(std::move(request), Call{.handlers = std::move(handlers), .history_seq = seq, .shell = op == "shell"});
+    return send(std::move(request), Call{.handlers = std::move(handlers), .history_seq = seq});
 }
 
 uint64_t Sandbox::send(Json request, Call call)
@@ -209,14 +192,6 @@ void Sandbox::on_line(std::string&& line)
         return;
     }
     last_activity_ = Clock::now();
-    // A timeout or cancel killed the shell; the next shell call starts a fresh one, which
-    // needs the sandbox's env again.
-    const auto said = [&](const char* key) {
-        const auto field = message.find(key);
-        return field != message.end() && field->is_boolean() && field->get<bool>();
-    };
-    if (call.shell && (said("timed_out") || said("cancelled")))
-        shell_env_sent_ = false;
     Call done = std::move(call);
     calls_.erase(it);
     answered(done, message);

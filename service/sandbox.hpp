@@ -3,8 +3,8 @@
 //
 // Calls are agent-protocol requests (docs/protocol.md) without an id: the sandbox numbers
 // them, sends them to its episode and hands each line that comes back about a call to that
-// call's handlers, without its id. It adds the sandbox's env to every exec, and exports it in
-// the shell before the first shell call.
+// call's handlers, without its id. Its env goes to the episode once, when it is assigned (the
+// relay's env op: merged into every exec, exported in the shell).
 #pragma once
 
 #include <chrono>
@@ -117,7 +117,6 @@ private:
         CallHandlers handlers;
         std::optional<uint64_t> history_seq;  // none: not recorded
         bool counts_as_activity = true;       // shown as running (not serve's own, not a cancel)
-        bool shell = false;                   // a shell call: one that kills the shell loses the env
         bool users = true;                    // made for the user (metrics count it), not by serve
         Clock::time_point sent{};
     };
@@ -140,7 +139,6 @@ private:
     CallHistory history_;
     bool ready_ = false;
     bool restored_ = false;
-    bool shell_env_sent_ = false;
     int output_holds_ = 0;
     std::string stop_reason_;
     Clock::time_point stop_requested_{};

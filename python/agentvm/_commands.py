@@ -90,12 +90,11 @@ def _shell_wrap(cmd: str, envs: Dict[str, str], cwd: Optional[str]) -> str:
     return "(" + " && ".join(parts) + ")"
 
 
-def _exec_body(transport: Transport, argv: List[str], envs: Dict[str, str], cwd: Optional[str],
-               stdin: Optional[bytes], max_output: Optional[int]) -> Dict[str, Any]:
+def _exec_body(argv: List[str], envs: Dict[str, str], cwd: Optional[str], stdin: Optional[bytes],
+               max_output: Optional[int]) -> Dict[str, Any]:
     body: Dict[str, Any] = {"argv": argv}
-    env = transport.exec_env(envs)
-    if env:
-        body["env"] = env
+    if envs:
+        body["env"] = envs
     if cwd is not None:
         body["cwd"] = cwd
     if stdin is not None:
@@ -260,7 +259,7 @@ class AsyncCommands:
         transport = sb._transport
 
         if background:
-            body = _exec_body(transport, argv, call_envs, cwd, stdin_bytes, mo)
+            body = _exec_body(argv, call_envs, cwd, stdin_bytes, mo)
             bt = t if t is not None else MAX_CALL_TIMEOUT
             body["timeout"] = bt
             body["stream"] = transport.stream_value(True)
@@ -274,7 +273,7 @@ class AsyncCommands:
 
         ct = t if t is not None else DEFAULT_CALL_TIMEOUT
         if shell_line is None:
-            body = _exec_body(transport, argv, call_envs, cwd, stdin_bytes, mo)
+            body = _exec_body(argv, call_envs, cwd, stdin_bytes, mo)
         else:
             line = shell_line if (not call_envs and cwd is None) else _shell_wrap(shell_line, call_envs, cwd)
             body = {"cmd": line}
@@ -282,11 +281,8 @@ class AsyncCommands:
                 body["max_output"] = mo
         body["timeout"] = ct
         collector = _streaming(transport, body, on_stdout, on_stderr)
-        if shell_line is None:
-            msg = await transport.call("exec", body, on_event=_on_event(collector), soft_timeout=ct,
-                                       hard_timeout=rt)
-        else:
-            msg = await transport.shell(body, on_event=_on_event(collector), soft_timeout=ct, hard_timeout=rt)
+        msg = await transport.call("exec" if shell_line is None else "shell", body, on_event=_on_event(collector),
+                                   soft_timeout=ct, hard_timeout=rt)
         if collector is not None:
             collector.finish()
             result = CommandResult.from_response(msg, collector.data("stdout"), collector.data("stderr"))

@@ -53,18 +53,13 @@ class Transport(Protocol):
         """The ``"stream"`` field of a call whose output the caller ``wanted`` as events, or
         None to send none (the answer then carries the output)."""
 
-    def exec_env(self, envs: Dict[str, str]) -> Dict[str, str]:
-        """The ``env`` of an argv call given ``envs`` of its own."""
-
     async def call(self, op: str, body: Dict[str, Any], *, on_event: Optional[OnEvent] = None,
                    soft_timeout: float, hard_timeout: Optional[float] = None,
                    on_ref: Optional[OnRef] = None) -> Dict[str, Any]:
         """One call: its answer, or the error it answered with raised. ``on_ref`` gets what
-        :meth:`cancel` takes to cancel it, once that is known."""
-
-    async def shell(self, body: Dict[str, Any], *, on_event: Optional[OnEvent] = None,
-                    soft_timeout: float, hard_timeout: Optional[float] = None) -> Dict[str, Any]:
-        """A ``shell`` call, in a persistent shell that has the sandbox's envs exported."""
+        :meth:`cancel` takes to cancel it, once that is known. The sandbox's envs are not the
+        caller's concern: serve, or the episode (its ``env`` op), adds them to ``exec`` calls
+        and exports them in the persistent shell."""
 
     async def cancel(self, ref: Any) -> bool: ...
 

@@ -13,7 +13,6 @@ import itertools
 import json
 import os
 import re
-import shlex
 import signal
 import subprocess
 import uuid
@@ -124,14 +123,15 @@ class _Stdin(asyncio.Protocol):
 
 class EpisodeTransport:
     """One sandbox as an ``agentvm episode`` child process. What serve does for its sandboxes
-    is done here on the client's side: the sandbox's envs added to argv calls and exported in
-    the shell, a lifetime shortened by a timer, fork and pause through live snapshots."""
+    is done here on the client's side: the sandbox's envs given to the episode (its ``env``
+    op, which adds them to argv calls and exports them in the shell), a lifetime shortened by a
+    timer, fork and pause through live snapshots."""
 
     kind = "embedded"
 
     def __init__(self, binary: str, *, snapshot: Optional[str], timeout: float,
                  extra_args: Iterable[str] = (), fork_args: Iterable[str] = (), grace: float = DEFAULT_GRACE,
-                 envs: Optional[Dict[str, str]] = None, shell_has_envs: bool = False,
+                 envs: Optional[Dict[str, str]] = None,
                  snapshot_dir: Optional[str] = None, managed: Optional[ManagedDir] = None,
                  hold: Optional[str] = None, no_snapshot_dir_why: str = "") -> None:
         self.binary = binary
@@ -149,9 +149,6 @@ class EpisodeTransport:
         self.fork_args = list(fork_args)
         self.grace = grace
         self.envs: Dict[str, str] = {} if envs is None else envs
-        # The sandbox's envs are exported in the shell before its first call, and again after
-        # a shell was killed (the next call gets a fresh one).
-        self._shell_env_pending = bool(self.envs) and not shell_has_envs
         self.loop = asyncio.get_running_loop()
         self.proc: "Optional[subprocess.Popen[bytes]]" = None
         self.pid: Optional[int] = None
@@ -208,10 +205,10 @@ class EpisodeTransport:
     async def resume(cls, binary: str, paused: str, *, snapshot_dir: str, timeout: float, extra_args: List[str],
                      envs: Dict[str, str], grace: float, start_timeout: float) -> "EpisodeTransport":
         """The episode of a paused sandbox (``paused``: its snapshot's directory), started. Its
-        shell kept its exports."""
+        shell kept its exports (the episode exports ``envs`` only if they differ)."""
         managed = ManagedDir.of(paused)
         episode = cls(binary, snapshot=paused, timeout=timeout, extra_args=extra_args, fork_args=extra_args,
-                      grace=grace, envs=envs, shell_has_envs=True, snapshot_dir=snapshot_dir, managed=managed)
+                      grace=grace, envs=envs, snapshot_dir=snapshot_dir, managed=managed)
         await episode.start(start_timeout)
         if managed is not None:
             # Running again (and holding the directory): no longer a paused sandbox to keep.
@@ -224,8 +221,7 @@ class EpisodeTransport:
         taken = await self.live_snapshot(f"fork-{os.getpid()}-{uuid.uuid4().hex}")
         episodes = [EpisodeTransport(self.binary, snapshot=taken["path"], timeout=self.timeout,
                                      extra_args=self.fork_args, fork_args=self.fork_args, grace=self.grace,
-                                     envs=dict(self.envs), shell_has_envs=not self._shell_env_pending,
-                                     snapshot_dir=self.snapshot_dir, managed=self.managed)
+                                     envs=dict(self.envs), snapshot_dir=self.snapshot_dir, managed=self.managed)
                     for _ in range(count)]
         results = await asyncio.gather(*(e.start(start_timeout) for e in episodes), return_exceptions=True)
         failure = next((r for r in results if isinstance(r, BaseException)), None)
@@ -292,6 +288,14 @@ class EpisodeTransport:
             await asyncio.shield(self.kill())
             raise
         self.restored = bool(ready.get("restored"))
+        if self.envs:
+            # The episode keeps them (docs/protocol.md, "The sandbox's environment"); one restored
+            # from a snapshot knows none of its parent's.
+            try:
+                await self.call("env", {"env": self.envs}, soft_timeout=0.0)
+            except BaseException:
+                await asyncio.shield(self.kill())
+                raise
 
     def _watch_exit(self) -> None:
         assert self.proc is not None
@@ -567,33 +571,6 @@ class EpisodeTransport:
 
     def stream_value(self, wanted: bool) -> StreamValue:
         return "only" if wanted else None
-
-    def exec_env(self, envs: Dict[str, str]) -> Dict[str, str]:
-        return dict(self.envs, **envs)
-
-    async def shell(self, body: Dict[str, Any], *, on_event: Optional[OnEvent] = None,
-                    soft_timeout: float, hard_timeout: Optional[float] = None) -> Dict[str, Any]:
-        prelude: Optional["asyncio.Task[Dict[str, Any]]"] = None
-        if self._shell_env_pending:
-            self._shell_env_pending = False
-            exports = "export " + " ".join(f"{k}={shlex.quote(v)}" for k, v in self.envs.items())
-            prelude = self.loop.create_task(self.call("shell", {"cmd": exports, "timeout": 60}, soft_timeout=60))
-            await asyncio.sleep(0)  # its line is written first; shell calls run in order
-        try:
-            msg = await self.call("shell", body, on_event=on_event, soft_timeout=soft_timeout,
-                                  hard_timeout=hard_timeout)
-        finally:
-            if prelude is not None:
-                try:
-                    pre = await prelude
-                    if pre.get("exit_code") != 0:
-                        self._shell_env_pending = True
-                except Exception:
-                    self._shell_env_pending = True
-        if self.envs and (msg.get("timed_out") or msg.get("cancelled")):
-            # That shell was killed; the next call starts a fresh one, which gets the envs again.
-            self._shell_env_pending = True
-        return msg
 
     async def call(self, op: str, body: Dict[str, Any], *, on_event: Optional[OnEvent] = None,
                    soft_timeout: float, hard_timeout: Optional[float] = None,

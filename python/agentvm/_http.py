@@ -376,14 +376,6 @@ class ServiceTransport:
         # given up on (client deadline, cancellation) is cancelled.
         return True
 
-    def exec_env(self, envs: Dict[str, str]) -> Dict[str, str]:
-        return envs  # serve adds the sandbox's own
-
-    async def shell(self, body: Dict[str, Any], *, on_event: Optional[OnEvent] = None,
-                    soft_timeout: float, hard_timeout: Optional[float] = None) -> Dict[str, Any]:
-        return await self.call("shell", body, on_event=on_event, soft_timeout=soft_timeout,
-                               hard_timeout=hard_timeout)
-
     async def call(self, op: str, body: Dict[str, Any], *, on_event: Optional[OnEvent] = None,
                    soft_timeout: float, hard_timeout: Optional[float] = None,
                    on_ref: Optional[OnRef] = None) -> Dict[str, Any]:

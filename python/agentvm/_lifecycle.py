@@ -110,9 +110,9 @@ class AsyncSandbox:
         """A paused sandbox, running again exactly as it was paused (:meth:`pause` returned
         ``sandbox_id``). Service mode (``url`` or ``$AGENTVM_URL``): the same sandbox under its
         id, with its settings. Embedded: ``sandbox_id`` is the paused snapshot's directory; the
-        episode gets ``timeout``, ``envs`` for its exec calls (the shell kept its exports), and
-        takes its own snapshots into ``snapshot_dir`` (default: the directory the paused
-        snapshot is in). A snapshot the client keeps (a pause without ``snapshot_dir=``) is kept
+        episode gets ``timeout``, ``envs`` for its exec calls (the shell kept its exports; envs
+        other than the paused sandbox's are exported there too), and takes its own snapshots
+        into ``snapshot_dir`` (default: the directory the paused snapshot is in). A snapshot the client keeps (a pause without ``snapshot_dir=``) is kept
         until it is resumed, or for a week."""
         valid.text("sandbox_id", sandbox_id)
         st = valid.number("start_timeout", start_timeout, low=0, high=MAX_CALL_TIMEOUT)

@@ -14,6 +14,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -195,6 +196,32 @@ TEST_CASE("response scanner: fed in pieces, it knows the id once it is whole, an
     // An id longer than the relay tracks is no id.
     CHECK_FALSE(summarize_response(R"({"id":")" + std::string(max_id_bytes, 'a') + R"("})")->id);
     CHECK(summarize_response(R"({"id":")" + std::string(max_id_bytes - 2, 'a') + R"("})")->id);
+}
+
+TEST_CASE("response scanner: timed_out and cancelled are seen when the top level says true")
+{
+    auto s = summarize_response(R"({"id":1,"exit_code":null,"timed_out":true,"stdout":""})");
+    REQUIRE(s);
+    CHECK(s->timed_out);
+    CHECK_FALSE(s->cancelled);
+    s = summarize_response(R"({"id":1,"timed_out":false,"c\u0061ncelled":true})");
+    REQUIRE(s);
+    CHECK_FALSE(s->timed_out);
+    CHECK(s->cancelled);
+    // Only a literal true, only at the top level; the last duplicate wins, as for nlohmann.
+    for (const std::string no : {R"({"id":1,"timed_out":"true"})", R"({"id":1,"timed_out":1})",
+                                 R"({"id":1,"timed_out":[true]})", R"({"id":1,"x":{"timed_out":true}})",
+                                 R"({"id":1,"timed_out":true,"timed_out":false})"}) {
+        CAPTURE(no);
+        REQUIRE(summarize_response(no));
+        CHECK_FALSE(summarize_response(no)->timed_out);
+    }
+    CHECK(summarize_response(R"({"timed_out":false,"timed_out":true})")->timed_out);
+    // Fed byte by byte, as a long line arrives.
+    ResponseScanner scanner;
+    for (const char c : std::string(R"({"id":2,"cancelled":true,"stdout":"x"})"))
+        REQUIRE(scanner.feed(std::string(1, c)));
+    CHECK(scanner.finish()->cancelled);
 }
 
 TEST_CASE("response scanner: refuses what nlohmann's parser does not take as an object")
@@ -648,4 +675,243 @@ TEST_CASE("a response of 384 MiB passes through byte for byte while the relay ho
     // The test's own buffers are a few MiB; the relay's out-queue is capped at 16 MiB.
     CHECK(peak_kib < before_kib + 64 * 1024);
 #endif
+}
+
+namespace {
+
+// The shell call the relay sends ahead of a harness's shell call to export the env.
+struct Export {
+    json id;
+    std::string cmd;
+};
+
+Export export_call(const std::string& line)
+{
+    const json call = json::parse(line);
+    CHECK(call["op"] == "shell");
+    CHECK(call["id"].get<std::string>().starts_with("agentvm-env-"));
+    return {call["id"], call["cmd"].get<std::string>()};
+}
+
+std::string answer_to(const json& id, const std::string& rest = R"("exit_code":0)")
+{
+    return "{\"id\":" + id.dump() + "," + rest + "}";
+}
+
+// What `shell -c` prints running `script`.
+std::string run_shell(const std::string& shell, const std::string& script)
+{
+    const std::string path = "/tmp/agentvm-test-export-" + std::to_string(::getpid()) + ".sh";
+    FILE* file = std::fopen(path.c_str(), "w");
+    REQUIRE(file);
+    std::fputs(script.c_str(), file);
+    std::fclose(file);
+    FILE* out = ::popen((shell + " " + path).c_str(), "r");
+    REQUIRE(out);
+    std::string text;
+    char buffer[4096];
+    size_t n = 0;
+    while ((n = std::fread(buffer, 1, sizeof(buffer), out)) > 0)
+        text.append(buffer, n);
+    ::pclose(out);
+    std::remove(path.c_str());
+    return text;
+}
+
+} // namespace
+
+TEST_CASE("env is the host's op: validated, answered by the relay, never seen by the agent")
+{
+    Harness h;
+    const std::string many = [] {
+        json env = json::object();
+        for (int i = 0; i < 257; ++i)
+            env["V" + std::to_string(i)] = "x";
+        return env.dump();
+    }();
+    for (const std::string& bad : std::vector<std::string>{
+             R"("env":{"1A":"x"})", R"("env":{"A-B":"x"})", R"("env":{"":"x"})", R"("env":{"A\u0000":"x"})",
+          R"("env":{"A":"x\u0000y"})", R"("env":{"A":1})", R"("env":{"A":null})", R"("env":["A"])",
+          R"("env":"A=1")", "\"env\":{\"" + std::string(257, 'N') + "\":\"x\"}",
+          "\"env\":{\"A\":\"" + std::string(size_t{1} << 20, 'x') + "\"}", "\"env\":" + many}) {
+        CAPTURE(bad.substr(0, 80));
+        h.request(R"({"id":"e","op":"env",)" + bad + "}");
+        const json refused = json::parse(h.response());
+        CHECK(refused["id"] == "e");
+        CHECK(refused["error"]["code"] == "bad_field");
+    }
+    h.request(R"({"id":"e","op":"env"})");
+    CHECK(error_of(h.response())["code"] == "missing_field");
+    // At the bounds: 256 variables, names of 256 bytes.
+    json most = json::object();
+    for (int i = 0; i < 256; ++i)
+        most[std::string(250, 'N') + std::to_string(1000 + i)] = "x";
+    h.request(json{{"id", "m"}, {"op", "env"}, {"env", most}}.dump());
+    CHECK(h.response() == R"({"id":"m","ok":true})");
+    h.request(R"({"id":7,"op":"env","env":{"A":"1","_b2":""}})");
+    CHECK(h.response() == R"({"id":7,"ok":true})");
+    // Its id is checked as any other.
+    h.request(R"({"id":"x","op":"exec","argv":["sleep","1"]})");
+    h.request(R"({"id":"x","op":"env","env":{}})");
+    CHECK(error_of(h.response())["code"] == "bad_field");
+    // A refused env leaves the one set before: the first line the agent sees has it merged.
+    CHECK(json::parse(h.agent_reads())["env"] == json{{"A", "1"}, {"_b2", ""}});
+}
+
+TEST_CASE("env is merged into every exec request after it, the request's own entries winning")
+{
+    Harness h(EpisodeRelay::watchdog_grace, 600);
+    h.request(R"({"id":0,"op":"exec","argv":["true"]})");
+    CHECK(h.agent_reads() == R"({"id":0,"op":"exec","argv":["true"],"timeout":600})");
+    h.request(R"({"id":1,"op":"env","env":{"A":"sandbox","B":"sandbox \"quoted\""}})");
+    CHECK(h.response() == R"({"id":1,"ok":true})");
+    h.request(R"({"id":2,"op":"exec","argv":["env"],"env":{"A":"call","C":"call"},"timeout":5} )");
+    const std::string merged = h.agent_reads();
+    CHECK(merged == R"({"id":2,"op":"exec","argv":["env"],"env":{"A":"call","C":"call"},"timeout":5,)"
+                    R"("env":{"A":"call","B":"sandbox \"quoted\"","C":"call"}} )");
+    CHECK(std::get<ExecRequest>(parse_request(merged).op).env
+          == std::map<std::string, std::string>{{"A", "call"}, {"B", "sandbox \"quoted\""}, {"C", "call"}});
+    h.request(R"({"id":3,"op":"exec","argv":["env"],"env":null})");
+    const std::string with_default = h.agent_reads();
+    CHECK(std::get<ExecRequest>(parse_request(with_default).op).env
+          == std::map<std::string, std::string>{{"A", "sandbox"}, {"B", "sandbox \"quoted\""}});
+    CHECK(std::get<ExecRequest>(parse_request(with_default).op).timeout_s == 600);
+    // Other ops go unchanged; a second env replaces the first; an empty one clears it.
+    h.request(R"({"id":4,"op":"read_file","path":"/x"})");
+    CHECK(h.agent_reads() == R"({"id":4,"op":"read_file","path":"/x"})");
+    h.request(R"({"id":5,"op":"env","env":{"D":"d"}})");
+    CHECK(h.response() == R"({"id":5,"ok":true})");
+    h.request(R"({"id":6,"op":"exec","argv":["env"],"timeout":1})");
+    CHECK(h.agent_reads() == R"({"id":6,"op":"exec","argv":["env"],"timeout":1,"env":{"D":"d"}})");
+    h.request(R"({"id":7,"op":"env","env":{}})");
+    CHECK(h.response() == R"({"id":7,"ok":true})");
+    h.request(R"({"id":8,"op":"exec","argv":["env"],"timeout":1})");
+    CHECK(h.agent_reads() == R"({"id":8,"op":"exec","argv":["env"],"timeout":1})");
+    // Merged, a request may not outgrow a request line.
+    h.request(R"({"id":9,"op":"env","env":{"E":")" + std::string(1000, 'e') + R"("}})");
+    CHECK(h.response() == R"({"id":9,"ok":true})");
+    const std::string big = R"({"id":10,"op":"exec","argv":["true"],"timeout":1,"stdin":")";
+    std::thread writer([&] { h.request(big + std::string(max_line_bytes - big.size() - 2, 's') + "\"}"); });
+    // Parsing 64 MiB takes a while in a sanitizer build.
+    std::string answer;
+    for (int tries = 0; tries < 12 && answer.empty(); ++tries)
+        answer = h.response();
+    writer.join();
+    const json refused = json::parse(answer);
+    CHECK(refused["id"] == 10);
+    CHECK(refused["error"]["code"] == "bad_field");
+}
+
+TEST_CASE("env is exported before the first shell call, and again only after one that killed the shell")
+{
+    Harness h;
+    h.request(R"({"id":1,"op":"env","env":{"A":"1"}})");
+    CHECK(h.response() == R"({"id":1,"ok":true})");
+    h.request(R"({"id":2,"op":"shell","cmd":"echo $A"})");
+    const Export first = export_call(h.agent_reads());
+    CHECK(first.cmd.find("export A='1'") != std::string::npos);
+    CHECK(h.agent_reads() == R"({"id":2,"op":"shell","cmd":"echo $A"})");
+    // The export's answer goes nowhere: the next line out is the harness's call's.
+    h.agent_says(answer_to(first.id));
+    h.agent_says(R"({"id":2,"exit_code":0,"stdout":"1\n"})");
+    CHECK(h.response() == R"({"id":2,"exit_code":0,"stdout":"1\n"})");
+    // Only the first; an exec call that timed out killed no shell.
+    h.request(R"({"id":3,"op":"shell","cmd":"sleep 9","timeout":1})");
+    CHECK(h.agent_reads() == R"({"id":3,"op":"shell","cmd":"sleep 9","timeout":1})");
+    h.request(R"({"id":4,"op":"exec","argv":["sleep","9"],"timeout":1})");
+    CHECK(json::parse(h.agent_reads())["id"] == 4);
+    h.agent_says(R"({"id":4,"exit_code":null,"timed_out":true})");
+    CHECK(json::parse(h.response())["id"] == 4);
+    h.agent_says(R"({"id":3,"exit_code":null,"timed_out":false})");
+    CHECK(json::parse(h.response())["id"] == 3);
+    h.request(R"({"id":5,"op":"shell","cmd":"sleep 9","timeout":1})");
+    CHECK(h.agent_reads() == R"({"id":5,"op":"shell","cmd":"sleep 9","timeout":1})");
+    // A shell call that timed out: the next shell call gets the export again.
+    h.agent_says(R"({"id":5,"exit_code":null,"signal":9,"timed_out":true})");
+    CHECK(json::parse(h.response())["id"] == 5);
+    h.request(R"({"id":6,"op":"shell","cmd":"sleep 9"})");
+    const Export second = export_call(h.agent_reads());
+    CHECK(second.id != first.id);
+    CHECK(second.cmd == first.cmd);
+    CHECK(h.agent_reads() == R"({"id":6,"op":"shell","cmd":"sleep 9"})");
+    h.agent_says(answer_to(second.id));
+    // One that was cancelled: again.
+    h.agent_says(R"({"id":6,"exit_code":null,"timed_out":false,"cancelled":true})");
+    CHECK(json::parse(h.response())["id"] == 6);
+    h.request(R"({"id":7,"op":"shell","cmd":"true"})");
+    const Export third = export_call(h.agent_reads());
+    CHECK(h.agent_reads() == R"({"id":7,"op":"shell","cmd":"true"})");
+    // The export killed too (a harness may cancel it by id): again.
+    h.agent_says(answer_to(third.id, R"("exit_code":null,"cancelled":true)"));
+    h.agent_says(R"({"id":7,"exit_code":0})");
+    CHECK(h.response() == R"({"id":7,"exit_code":0})");
+    h.request(R"({"id":8,"op":"shell","cmd":"true"})");
+    const Export fourth = export_call(h.agent_reads());
+    CHECK(h.agent_reads() == R"({"id":8,"op":"shell","cmd":"true"})");
+    // While it runs its id is taken; then it is free.
+    h.request(R"({"id":)" + fourth.id.dump() + R"(,"op":"exec","argv":["true"]})");
+    CHECK(error_of(h.response())["code"] == "bad_field");
+    h.agent_says(answer_to(fourth.id));
+    h.agent_says(R"({"id":8,"exit_code":0})");
+    CHECK(h.response() == R"({"id":8,"exit_code":0})");
+    // A new env is exported again, before the next shell call.
+    h.request(R"({"id":9,"op":"env","env":{"B":"2"}})");
+    CHECK(h.response() == R"({"id":9,"ok":true})");
+    h.request(R"({"id":10,"op":"shell","cmd":"true"})");
+    CHECK(export_call(h.agent_reads()).cmd.find("export B='2'") != std::string::npos);
+    CHECK(h.agent_reads() == R"({"id":10,"op":"shell","cmd":"true"})");
+    CHECK_FALSE(h.end);
+}
+
+TEST_CASE("without an env no shell call is sent ahead, and a killed shell changes nothing")
+{
+    Harness h;
+    h.request(R"({"id":1,"op":"shell","cmd":"true","timeout":1})");
+    CHECK(h.agent_reads() == R"({"id":1,"op":"shell","cmd":"true","timeout":1})");
+    h.agent_says(R"({"id":1,"exit_code":null,"timed_out":true})");
+    CHECK(json::parse(h.response())["id"] == 1);
+    h.request(R"({"id":2,"op":"env","env":{}})");
+    CHECK(h.response() == R"({"id":2,"ok":true})");
+    h.request(R"({"id":3,"op":"shell","cmd":"true"})");
+    CHECK(h.agent_reads() == R"({"id":3,"op":"shell","cmd":"true"})");
+}
+
+TEST_CASE("a guest that sends an event about the host's export call ends the episode, and it goes nowhere")
+{
+    Harness h;
+    h.request(R"({"id":1,"op":"env","env":{"A":"1"}})");
+    CHECK(h.response() == R"({"id":1,"ok":true})");
+    h.request(R"({"id":2,"op":"shell","cmd":"true"})");
+    const Export call = export_call(h.agent_reads());
+    CHECK_FALSE(h.agent_reads().empty());
+    h.agent_says(answer_to(call.id, R"("event":"stdout","data":"x")"));
+    h.wait_end();
+    REQUIRE(h.end);
+    CHECK(*h.end == EpisodeRelay::End::agent_protocol);
+    CHECK(h.why.find("forged") != std::string::npos);
+    // Only the harness's call is failed: the export was never the harness's.
+    h.relay->stop_output();
+    CHECK(h.relay->fail_pending("agent_died", "gone") == 1);
+    h.relay->flush_output();
+    CHECK(json::parse(h.response())["id"] == 2);
+}
+
+TEST_CASE("the export sets the env exactly in bash and sh, and a shell that has it already keeps its own changes")
+{
+    Harness h;
+    const json env = {{"A", "it's \"quoted\" $HOME `x` \\ \n new line"}, {"B", ""}, {"C", "\xc3\xa9"}};
+    h.request(json{{"id", 1}, {"op", "env"}, {"env", env}}.dump());
+    CHECK(h.response() == R"({"id":1,"ok":true})");
+    h.request(R"({"id":2,"op":"shell","cmd":"true"})");
+    const std::string cmd = export_call(h.agent_reads()).cmd;
+    for (const std::string shell : {"bash --noprofile --norc", "sh"}) {
+        CAPTURE(shell);
+        // Exported to commands, byte for byte.
+        CHECK(run_shell(shell, cmd + "\nprintf '%s|%s|%s' \"$A\" \"$B\" \"$C\"; env | grep -c '^B=$'")
+              == env["A"].get<std::string>() + "||\xc3\xa9" + "1\n");
+        // Run again in a shell that has it (a fork's), it undoes nothing; nor is its marker
+        // exported.
+        CHECK(run_shell(shell, cmd + "\nunset A; C=mine\n" + cmd + "\nprintf '%s|%s' \"${A-unset}\" \"$C\"; env | grep -c agentvm")
+              == "unset|mine0\n");
+    }
 }

@@ -80,12 +80,14 @@ exit 4)");
     CHECK(counted[1]["error"]["code"] == "vm_died");
 }
 
-TEST_CASE("every call of the user's is counted once, a cancel and an unrecorded one too; serve's own env export is not")
+TEST_CASE("the env goes to the episode once, at assignment; every call of the user's is counted once, a cancel and an unrecorded one too, serve's own env op not")
 {
     const FakeAgentvm program(R"(echo '{"event":"ready","restored":false}'
-read export
-echo '{"id":1,"exit_code":0}'
+read env
+printf '%s\n' "$env" > "$(dirname "$0")/env"
+echo '{"id":1,"ok":true}'
 read shell
+printf '%s\n' "$shell" > "$(dirname "$0")/shell"
 read unrecorded
 echo '{"id":3,"mode":420}'
 read cancel
@@ -126,7 +128,12 @@ read last)");
     REQUIRE(counted.size() == 3);
     CHECK(counted[0]["mode"] == 420);        // the stat, recorded in no history
     CHECK(counted[1]["running"] == true);    // the cancel
-    CHECK(counted[2]["cancelled"] == true);  // the shell, after the export serve sent first
+    CHECK(counted[2]["cancelled"] == true);  // the shell, after the env op serve sent first
+    std::string line;
+    std::getline(std::ifstream(program.dir + "/env"), line);
+    CHECK(Json::parse(line) == Json{{"id", 1}, {"op", "env"}, {"env", {{"A", "1"}}}});
+    std::getline(std::ifstream(program.dir + "/shell"), line);
+    CHECK(Json::parse(line) == Json{{"id", 2}, {"op", "shell"}, {"cmd", "sleep 9"}});  // unchanged: the relay exports
     for (double t : took)
         CHECK(t >= 0.0);
 }
