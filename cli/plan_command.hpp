@@ -1,5 +1,4 @@
-// `agentvm plan`: from a training configuration, the sandboxes, warm pool, host memory and
-// cores it needs, using what a sandbox costs on this host (cli/host_calibration.hpp).
+// `agentvm plan`: its flags, handed to service/plan/capacity_plan.hpp.
 #pragma once
 
 #include "cli/subcommand.hpp"

@@ -1,5 +1,5 @@
-// `agentvm template build | bake | list | inspect | rm`: templates, episode images baked from
-// the user's own environment (templates/template_build.hpp, templates/template_store.hpp).
+// `agentvm template build | bake | list | inspect | rm`: their flags, handed to
+// episode/template_session.hpp.
 #pragma once
 
 #include <vector>

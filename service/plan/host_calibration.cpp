@@ -1,4 +1,4 @@
-#include "cli/host_calibration.hpp"
+#include "service/plan/host_calibration.hpp"
 
 #include <unistd.h>
 
