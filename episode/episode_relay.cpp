@@ -13,6 +13,7 @@
 #include "common/file_digest.hpp"
 #include "protocol/response_scanner.hpp"
 #include "protocol/agent_protocol.hpp"
+#include "protocol/env_limits.hpp"
 
 namespace agentvm {
 namespace {
@@ -47,23 +48,12 @@ std::optional<CallLimits> limits_of(const Request& request)
 // variables, names so long, and the request body's 1 MiB for names and values together,
 // which also keeps the export (each value quoted, at most 4 bytes a byte) far below a line's
 // 64 MiB.
-constexpr size_t max_env_entries = 256;
-constexpr size_t max_env_name_bytes = 256;
+// (max_env_entries and max_env_name_bytes: protocol/env_limits.hpp.)
 constexpr size_t max_env_bytes = size_t{1} << 20;
 // The export's own time limit: a few builtins, which only a wedged guest takes long over.
 constexpr double export_timeout_s = 60;
 // A shell variable (not exported) that holds the digest of the env the shell has.
 constexpr std::string_view export_marker = "__agentvm_env";
-
-// A name the shell can export: letters, digits and _, not a digit first.
-bool is_shell_name(const std::string& name)
-{
-    if (name.empty() || name.size() > max_env_name_bytes || (name[0] >= '0' && name[0] <= '9'))
-        return false;
-    return std::all_of(name.begin(), name.end(), [](char c) {
-        return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_';
-    });
-}
 
 // The host's env op, which the agent's parser refuses as an unknown op: the request, parsed
 // again (only a line with an unknown op pays for that), or nullopt when it is not one.
@@ -88,7 +78,7 @@ std::map<std::string, std::string> parse_env(const Json& request)
     std::map<std::string, std::string> vars;
     size_t bytes = 0;
     for (const auto& [name, value] : env->items()) {
-        if (!is_shell_name(name))
+        if (!is_env_name(name))
             throw CallError("bad_field", fmt::format("\"env\": \"{:.64}\" is not a variable name (letters, digits "
                                                      "and _, not a digit first, at most {} bytes)",
                                                      name, max_env_name_bytes));

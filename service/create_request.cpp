@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 
+#include "protocol/env_limits.hpp"
 #include "service/problem.hpp"
 
 namespace agentvm {
@@ -14,20 +15,6 @@ std::chrono::seconds sandbox_seconds(const Json& value, const char* name)
         throw_bad_field(fmt::format("\"{}\" must be a number of seconds from 1 to {}", name, max_sandbox_timeout_s));
     return std::chrono::seconds(std::llround(value.get<double>()));
 }
-
-namespace {
-
-bool valid_env_name(const std::string& name)
-{
-    if (name.empty() || name.size() > 256 || std::isdigit(static_cast<unsigned char>(name[0])))
-        return false;
-    for (char c : name)
-        if (!std::isalnum(static_cast<unsigned char>(c)) && c != '_')
-            return false;
-    return true;
-}
-
-} // namespace
 
 CreateRequest parse_create_request(const std::string& body)
 {
@@ -54,7 +41,7 @@ CreateRequest parse_create_request(const std::string& body)
             if (!value.is_object() || value.size() > max_env_entries)
                 throw_bad_field(fmt::format("\"env\" must be an object of at most {} strings", max_env_entries));
             for (const auto& [name, text] : value.items()) {
-                if (!valid_env_name(name))
+                if (!is_env_name(name))
                     throw_bad_field(fmt::format(
                         "\"env\": \"{}\" is not a variable name (letters, digits, _; not a digit first)", name));
                 if (!text.is_string() || text.get<std::string>().find('\0') != std::string::npos)

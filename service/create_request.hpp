@@ -14,7 +14,6 @@ struct CreateRequest {
 
 inline constexpr int max_sandbox_timeout_s = 86400;
 inline constexpr size_t max_metadata_entries = 64;
-inline constexpr size_t max_env_entries = 256;
 
 // A sandbox's timeout or idle_timeout: seconds from 1 to max_sandbox_timeout_s, rounded.
 // Throws RefusedRequest (bad_json, bad_field) naming the field.
