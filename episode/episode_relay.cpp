@@ -14,6 +14,7 @@
 #include "protocol/response_scanner.hpp"
 #include "protocol/agent_protocol.hpp"
 #include "protocol/env_limits.hpp"
+#include "protocol/shell_quote.hpp"
 
 namespace agentvm {
 namespace {
@@ -91,19 +92,6 @@ std::map<std::string, std::string> parse_env(const Json& request)
         vars[name] = value.get<std::string>();
     }
     return vars;
-}
-
-// bash and sh single quotes: everything literal, a ' written as '\''.
-std::string shell_quote(const std::string& text)
-{
-    std::string quoted = "'";
-    for (char c : text) {
-        if (c == '\'')
-            quoted += "'\\''";
-        else
-            quoted += c;
-    }
-    return quoted + "'";
 }
 
 // The shell command that exports env, unless the shell has exported that very env already,

@@ -18,24 +18,11 @@
 #include "guest/agent/child_setup.hpp"
 #include "guest/agent/drain.hpp"
 #include "common/error.hpp"
+#include "protocol/shell_quote.hpp"
 
 namespace agentvm {
 
 namespace {
-
-// For bash: the text inside single quotes, each ' closed, escaped and reopened.
-std::string quote(std::string_view text)
-{
-    std::string quoted = "'";
-    for (char c : text) {
-        if (c == '\'')
-            quoted += "'\\''";
-        else
-            quoted += c;
-    }
-    quoted += '\'';
-    return quoted;
-}
 
 // Reads bash's status FIFO during a call: the call's command is over when its "$?" line
 // arrives. Bytes past that line stay in `pending` for the next call.
@@ -83,7 +70,7 @@ void Shell::start()
         bash_.start({"sh"});
         posix_sh_ = true;
     }
-    bash_.send("exec 3>" + quote(bash_.status_path()) + "\n");
+    bash_.send("exec 3>" + shell_quote(bash_.status_path()) + "\n");
 }
 
 Json Shell::not_run(const Json& id)
@@ -106,7 +93,7 @@ Json Shell::run(const Json& id, const ShellRequest& request, Outbox& outbox, int
     };
 
     const Clock::time_point start_time = Clock::now();
-    bash_.send("eval " + quote(request.cmd) + " >" + quote(out.path) + " 2>" + quote(err.path)
+    bash_.send("eval " + shell_quote(request.cmd) + " >" + shell_quote(out.path) + " 2>" + shell_quote(err.path)
                + " </dev/null 3>&-; printf '%d\\n' \"$?\" >&3\n");
 
     StatusLine status_line(bash_.status_fd(), bash_.status_pending());
