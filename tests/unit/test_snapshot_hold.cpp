@@ -10,22 +10,13 @@
 #include <utility>
 
 #include "service/snapshot_store.hpp"
+#include "tests/support/disk_image.hpp"
 
 using namespace agentvm;
+using agentvm::test::TempDir;
 namespace fs = std::filesystem;
 
 namespace {
-
-struct TempDir {
-    fs::path path;
-    TempDir()
-    {
-        std::string pattern = (fs::temp_directory_path() / "agentvm-hold-test-XXXXXX").string();
-        REQUIRE(::mkdtemp(pattern.data()) != nullptr);
-        path = pattern;
-    }
-    ~TempDir() { fs::remove_all(path); }
-};
 
 // A snapshot as a VM writes it into its outbox, taken into the store: its one hold.
 SnapshotHold take_snapshot(SnapshotStore& store, const std::string& parent = {})
@@ -45,7 +36,7 @@ SnapshotHold take_snapshot(SnapshotStore& store, const std::string& parent = {})
 TEST_CASE("a hold moves with its owner; the snapshot goes with the last one")
 {
     TempDir dir;
-    SnapshotStore store(dir.path.string());
+    SnapshotStore store(dir.path);
     SnapshotHold first = take_snapshot(store);
     REQUIRE(first);
     const std::string path = first.path();
@@ -67,7 +58,7 @@ TEST_CASE("a hold moves with its owner; the snapshot goes with the last one")
 TEST_CASE("a hold assigned over another releases what that one held")
 {
     TempDir dir;
-    SnapshotStore store(dir.path.string());
+    SnapshotStore store(dir.path);
     SnapshotHold hold = take_snapshot(store);
     const std::string replaced = hold.path();
     hold = take_snapshot(store);
@@ -78,7 +69,7 @@ TEST_CASE("a hold assigned over another releases what that one held")
 TEST_CASE("a snapshot stored over another holds it until it goes")
 {
     TempDir dir;
-    SnapshotStore store(dir.path.string());
+    SnapshotStore store(dir.path);
     std::optional<SnapshotHold> parent(take_snapshot(store));
     const std::string parent_path = parent->path();
     std::optional<SnapshotHold> child(take_snapshot(store, parent_path));
@@ -95,7 +86,7 @@ TEST_CASE("a paused sandbox's record keeps its snapshot, on disk across the stor
     TempDir dir;
     std::string snapshot;
     {
-        SnapshotStore store(dir.path.string());
+        SnapshotStore store(dir.path);
         SnapshotHold hold = take_snapshot(store);
         snapshot = hold.path();
         PausedSandbox record;
@@ -108,7 +99,7 @@ TEST_CASE("a paused sandbox's record keeps its snapshot, on disk across the stor
         CHECK(store.paused().at("sb-1").snapshot == snapshot);
     }
     CHECK(fs::exists(snapshot));
-    SnapshotStore store(dir.path.string());
+    SnapshotStore store(dir.path);
     REQUIRE(store.paused().contains("sb-1"));
     const PausedSandbox& record = store.paused().at("sb-1");
     CHECK(record.settings.timeout == std::chrono::seconds(60));
