@@ -1,0 +1,71 @@
+#include "protocol/request_fields.hpp"
+
+#include <cmath>
+
+namespace agentvm {
+
+[[noreturn]] void bad_field(const std::string& name, const std::string& why)
+{
+    throw CallError("bad_field", "\"" + name + "\" " + why);
+}
+
+const Json& require(const Json& object, const std::string& name)
+{
+    auto it = object.find(name);
+    if (it == object.end())
+        throw CallError("missing_field", "missing \"" + name + "\"");
+    return *it;
+}
+
+std::string require_string(const Json& object, const std::string& name)
+{
+    const Json& value = require(object, name);
+    if (!value.is_string())
+        bad_field(name, "must be a string");
+    return value.get<std::string>();
+}
+
+std::optional<std::string> optional_string(const Json& object, const std::string& name)
+{
+    auto it = object.find(name);
+    if (it == object.end() || it->is_null())
+        return std::nullopt;
+    if (!it->is_string())
+        bad_field(name, "must be a string");
+    return it->get<std::string>();
+}
+
+bool optional_bool(const Json& object, const std::string& name)
+{
+    auto it = object.find(name);
+    if (it == object.end() || it->is_null())
+        return false;
+    if (!it->is_boolean())
+        bad_field(name, "must be true or false");
+    return it->get<bool>();
+}
+
+constexpr double max_timeout_s = max_call_timeout_s;
+
+std::optional<double> optional_timeout(const Json& object)
+{
+    auto timeout = object.find("timeout");
+    if (timeout == object.end() || timeout->is_null())
+        return std::nullopt;
+    if (!timeout->is_number() || !std::isfinite(timeout->get<double>()) || timeout->get<double>() <= 0 ||
+        timeout->get<double>() > max_timeout_s)
+        bad_field("timeout", "must be a positive number of seconds, at most " + std::to_string(max_call_timeout_s));
+    return timeout->get<double>();
+}
+
+uint64_t optional_max_output(const Json& object)
+{
+    auto max = object.find("max_output");
+    if (max == object.end() || max->is_null())
+        return default_max_output;
+    if (!max->is_number_unsigned())
+        bad_field("max_output", "must be a non-negative integer");
+    return max->get<uint64_t>();
+}
+
+} // namespace agentvm
