@@ -45,6 +45,17 @@ std::optional<CallLimits> limits_of(const Request& request)
     return std::nullopt;
 }
 
+// The env of a request that starts a command (exec, spawn), which the sandbox's env is merged
+// into; null for other ops.
+const std::map<std::string, std::string>* command_env(const Request& request)
+{
+    if (const auto* exec = std::get_if<ExecRequest>(&request.op))
+        return &exec->env;
+    if (const auto* spawn = std::get_if<SpawnRequest>(&request.op))
+        return &spawn->command.env;
+    return nullptr;
+}
+
 // The env op's bounds are serve's for a sandbox's env (its create request): so many
 // variables, names so long, and the request body's 1 MiB for names and values together,
 // which also keeps the export (each value quoted, at most 4 bytes a byte) far below a line's
@@ -110,18 +121,20 @@ std::string export_command(const std::map<std::string, std::string>& env)
 } // namespace
 
 EpisodeRelay::EpisodeRelay(EventLoop& loop, int in_fd, int out_fd, Ended on_end,
-                           std::chrono::milliseconds grace, std::optional<double> call_timeout_s)
+                           std::chrono::milliseconds grace, std::optional<double> call_timeout_s,
+                           size_t max_request_bytes)
     : loop_(loop), on_end_(std::move(on_end)),
-      input_(loop, in_fd, max_line_bytes,
+      input_(loop, in_fd, max_request_bytes,
              {[this](std::string&& line) { on_request(std::move(line)); },
               [this] {
                   reply_error("null", "line_too_long",
-                              fmt::format("request lines are limited to {} bytes", max_line_bytes));
+                              fmt::format("request lines are limited to {} bytes", max_request_bytes_));
               },
               [this](int err) { on_input_end(err); }}),
       out_(loop, out_fd,
            [this](int err) { end(End::output_failed, fmt::format("writing to stdout: {}", std::strerror(err))); }),
-      watchdog_(loop, [this] { on_watchdog(); }), grace_(grace), call_timeout_s_(call_timeout_s)
+      watchdog_(loop, [this] { on_watchdog(); }), grace_(grace), call_timeout_s_(call_timeout_s),
+      max_request_bytes_(max_request_bytes)
 {
 }
 
@@ -163,6 +176,7 @@ void EpisodeRelay::on_request(std::string&& line)
     std::optional<CallLimits> limits;
     bool is_close = false;
     bool is_shell = false;
+    bool follows = false;
     std::optional<std::string> snapshot_name;
     std::optional<std::string> env;  // an exec request's env with the sandbox's merged in
     {
@@ -189,13 +203,14 @@ void EpisodeRelay::on_request(std::string&& line)
         limits = limits_of(request);
         is_close = std::holds_alternative<CloseRequest>(request.op);
         is_shell = std::holds_alternative<ShellRequest>(request.op);
+        follows = std::holds_alternative<AttachRequest>(request.op);
         if (const auto* snapshot = std::get_if<SnapshotRequest>(&request.op))
             snapshot_name = snapshot->name;
-        if (const auto* exec = std::get_if<ExecRequest>(&request.op); exec && !env_.empty()) {
+        if (const auto* own = command_env(request); own && !env_.empty()) {
             Json merged = Json::object();
             for (const auto& [name, value] : env_)
                 merged[name] = value;
-            for (const auto& [name, value] : exec->env)
+            for (const auto& [name, value] : *own)
                 merged[name] = value;
             env = merged.dump(-1, ' ', false, Json::error_handler_t::replace);
         }
@@ -206,7 +221,7 @@ void EpisodeRelay::on_request(std::string&& line)
         start_snapshot(id, *snapshot_name);
         return;
     }
-    Pending pending{id, requests_++, std::nullopt, is_shell};
+    Pending pending{id, requests_++, std::nullopt, is_shell, follows};
     // Fields added at the end of the line, where they override the request's own (JSON's last
     // duplicate wins).
     std::string added;
@@ -233,11 +248,11 @@ void EpisodeRelay::on_request(std::string&& line)
     // from the line, which may be 64 MiB and is not copied to make room.
     std::string tail = "\n";
     if (!added.empty()) {
-        if (line.size() + added.size() > max_line_bytes) {
+        if (line.size() + added.size() > max_request_bytes_) {
             reply_error(id, "bad_field",
                         fmt::format("with what the episode adds to it (the sandbox's env, the default "
                                     "timeout), the request would be longer than {} bytes",
-                                    max_line_bytes));
+                                    max_request_bytes_));
             return;
         }
         // The line is an object (it parsed), so it ends with its closing brace.
@@ -329,7 +344,9 @@ void EpisodeRelay::start_snapshot(const std::string& id, const std::string& name
 
 void EpisodeRelay::take_next_snapshot()
 {
-    if (snapshot_running_ || snapshots_waiting_.empty() || !pending_.empty() || ended_)
+    const bool calls_running = std::any_of(pending_.begin(), pending_.end(),
+                                           [](const auto& entry) { return !entry.second.follows; });
+    if (snapshot_running_ || snapshots_waiting_.empty() || calls_running || ended_)
         return;
     // Named copies, not a structured binding: clang 14 cannot capture a binding in a lambda.
     const std::string id = snapshots_waiting_.front().first;

@@ -75,10 +75,11 @@ public:
     static constexpr size_t max_queued_to_output = size_t{16} << 20;
 
     // call_timeout_s: added as "timeout" to every exec and shell request without one
-    // (nullopt: requests go to the agent unchanged).
+    // (nullopt: requests go to the agent unchanged). max_request_bytes: the longest request
+    // line, the agent's own bound unless a test sets a lower one to reach it cheaply.
     EpisodeRelay(EventLoop& loop, int in_fd, int out_fd, Ended on_end,
                  std::chrono::milliseconds grace = watchdog_grace,
-                 std::optional<double> call_timeout_s = std::nullopt);
+                 std::optional<double> call_timeout_s = std::nullopt, size_t max_request_bytes = max_line_bytes);
     EpisodeRelay(const EpisodeRelay&) = delete;
     EpisodeRelay& operator=(const EpisodeRelay&) = delete;
 
@@ -107,6 +108,9 @@ private:
         uint64_t order;       // errors for unanswered calls go out in request order
         std::optional<std::chrono::steady_clock::time_point> deadline;
         bool shell = false;   // one that times out or is cancelled kills the shell, and its env
+        // It follows something until cancelled (attach): a snapshot does not wait for it, as
+        // it would never be taken (the call, in the guest, is the snapshot's as it runs).
+        bool follows = false;
     };
 
     void on_request(std::string&& line);
@@ -141,6 +145,7 @@ private:
     LoopTimer watchdog_;
     std::chrono::milliseconds grace_;
     std::optional<double> call_timeout_s_;
+    size_t max_request_bytes_;
     std::map<std::string, Pending> pending_;  // by id as compact JSON
     std::map<std::string, Pending> host_pending_;  // the host's own calls (snapshot), as pending_
     std::map<std::string, std::string> env_;  // set by the env op

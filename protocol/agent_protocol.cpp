@@ -35,11 +35,12 @@ RunCodeRequest parse_run_code(const Json& object)
 {
     RunCodeRequest run;
     run.code = require_string(object, "code");
-    // The cell travels to the interpreter inside a JSON line; Python source has no NUL.
+    // The cell travels to the interpreter inside a JSON line, or to bash as text: neither
+    // Python source nor a bash line has a NUL.
     if (run.code.find('\0') != std::string::npos)
         bad_field("code", "must not contain NUL");
-    if (std::optional<std::string> language = optional_string(object, "language"); language && *language != "python")
-        bad_field("language", "must be \"python\" (the only language run_code has)");
+    run.language = optional_language(object);
+    run.context = optional_context(object);
     run.timeout_s = optional_timeout(object);
     run.max_output = optional_max_output(object);
     parse_stream(object, run);
@@ -54,6 +55,7 @@ ListDirRequest parse_list_dir(const Json& object)
             bad_field("max_entries", "must be an integer from 1 to " + std::to_string(max_list_entries));
         list.max_entries = max->get<uint32_t>();
     }
+    list.depth = parse_list_depth(object);
     return list;
 }
 
@@ -68,38 +70,27 @@ CancelRequest parse_cancel(const Json& object)
 ExecRequest parse_exec(const Json& object)
 {
     ExecRequest exec;
-    const Json& argv = require(object, "argv");
-    if (!argv.is_array() || argv.empty())
-        bad_field("argv", "must be a non-empty array of strings");
-    for (const Json& arg : argv) {
-        if (!arg.is_string())
-            bad_field("argv", "must be a non-empty array of strings");
-        exec.argv.push_back(arg.get<std::string>());
-    }
-    // execve takes NUL-terminated strings: an embedded NUL would silently cut the word.
-    for (const std::string& arg : exec.argv)
-        if (arg.find('\0') != std::string::npos)
-            bad_field("argv", "must not contain NUL");
-    if (exec.argv[0].empty())
-        bad_field("argv", "must not start with an empty string");
-
-    if (auto env = object.find("env"); env != object.end() && !env->is_null()) {
-        if (!env->is_object())
-            bad_field("env", "must be an object of strings");
-        for (const auto& [key, value] : env->items()) {
-            if (!value.is_string() || key.empty() || key.find('=') != std::string::npos
-                || key.find('\0') != std::string::npos
-                || value.get_ref<const std::string&>().find('\0') != std::string::npos)
-                bad_field("env", "must map names (no '=' or NUL) to strings");
-            exec.env[key] = value.get<std::string>();
-        }
-    }
+    exec.argv = parse_argv(object);
+    exec.env = parse_env(object);
     exec.cwd = optional_string(object, "cwd");
+    exec.tag = parse_tag(object);
     exec.stdin_data = get_bytes(object, "stdin");
     exec.timeout_s = optional_timeout(object);
     exec.max_output = optional_max_output(object);
     parse_stream(object, exec);
     return exec;
+}
+
+SpawnRequest parse_spawn(const Json& object)
+{
+    SpawnRequest spawn;
+    spawn.command.argv = parse_argv(object);
+    spawn.command.env = parse_env(object);
+    spawn.command.cwd = optional_string(object, "cwd");
+    spawn.command.tag = parse_tag(object);
+    spawn.command.timeout_s = optional_timeout(object);
+    spawn.settings = parse_spawn_settings(object);
+    return spawn;
 }
 
 WriteFileRequest parse_write_file(const Json& object)
@@ -195,6 +186,36 @@ Request parse_request(std::string_view line)
             request.op = parse_resume(object);
         else if (op == "snapshot")
             request.op = parse_snapshot(object);
+        else if (op == "spawn")
+            request.op = parse_spawn(object);
+        else if (op == "attach")
+            request.op = parse_attach(object);
+        else if (op == "list_processes")
+            request.op = ListProcessesRequest{};
+        else if (op == "send_stdin")
+            request.op = parse_send_stdin(object);
+        else if (op == "close_stdin")
+            request.op = parse_close_stdin(object);
+        else if (op == "signal")
+            request.op = parse_signal(object);
+        else if (op == "resize")
+            request.op = parse_resize(object);
+        else if (op == "create_context")
+            request.op = parse_create_context(object);
+        else if (op == "list_contexts")
+            request.op = ListContextsRequest{};
+        else if (op == "restart_context")
+            request.op = parse_restart_context(object);
+        else if (op == "remove_context")
+            request.op = parse_remove_context(object);
+        else if (op == "make_dir")
+            request.op = parse_make_dir(object);
+        else if (op == "move")
+            request.op = parse_move(object);
+        else if (op == "remove")
+            request.op = parse_remove(object);
+        else if (op == "watch")
+            request.op = parse_watch(object);
         else
             throw CallError("unknown_op", "unknown op \"" + op + "\"");
     } catch (CallError& e) {

@@ -15,6 +15,10 @@
 
 #include <nlohmann/json.hpp>
 
+#include "protocol/context_requests.hpp"
+#include "protocol/file_requests.hpp"
+#include "protocol/process_requests.hpp"
+
 namespace agentvm {
 
 // Ordered so that "id" leads each line, which keeps logs and transcripts readable.
@@ -45,15 +49,26 @@ private:
     std::string code_;
 };
 
+// A client's own name for a process it starts (exec, spawn), by which later requests find it.
+constexpr size_t max_tag_bytes = 256;
+
 struct ExecRequest {
     std::vector<std::string> argv;
     std::map<std::string, std::string> env;
     std::optional<std::string> cwd;
+    std::optional<std::string> tag;
     std::optional<std::string> stdin_data;
     std::optional<double> timeout_s;
     uint64_t max_output = default_max_output;
     bool stream = false;              // output is sent as events while the command runs
     bool output_in_response = true;   // false for "stream":"only"
+};
+
+// exec's command started in the background: it outlives the request and its connection, and
+// is reached later by its pid or tag (process_requests.hpp).
+struct SpawnRequest {
+    ExecRequest command;  // max_output, stream and stdin_data unused
+    SpawnSettings settings;
 };
 
 // One command line for the connection's persistent bash (see shell.hpp).
@@ -78,11 +93,13 @@ struct ReadFileRequest {
 
 struct CloseRequest {};
 
-// One cell for the connection's persistent Python interpreter (see interpreter.hpp).
+// One cell for one of the agent's interpreter contexts, Python or bash (guest/agent/contexts.hpp).
 struct RunCodeRequest {
     std::string code;
+    std::optional<CodeLanguage> language;  // absent: the context's, or python without one
+    std::optional<std::string> context;    // absent: the default context of the language
     std::optional<double> timeout_s;
-    uint64_t max_output = default_max_output;  // also bounds the result's repr
+    uint64_t max_output = default_max_output;  // also bounds the result's repr and each rich form
     bool stream = false;
     bool output_in_response = true;
 };
@@ -97,6 +114,7 @@ constexpr uint32_t max_list_entries = 100000;
 struct ListDirRequest {
     std::string path;
     uint32_t max_entries = default_list_entries;
+    uint32_t depth = 1;  // 1: the directory's own entries; more: its subdirectories' too
 };
 
 // Kills the running call whose id is `call`.
@@ -130,7 +148,10 @@ constexpr size_t max_resume_entropy = 512;
 struct Request {
     Json id;
     std::variant<ExecRequest, ShellRequest, RunCodeRequest, WriteFileRequest, ReadFileRequest, StatRequest, ListDirRequest,
-                 CancelRequest, CloseRequest, ResumeRequest, SnapshotRequest>
+                 CancelRequest, CloseRequest, ResumeRequest, SnapshotRequest, SpawnRequest, AttachRequest,
+                 ListProcessesRequest, SendStdinRequest, CloseStdinRequest, SignalRequest, ResizeRequest,
+                 CreateContextRequest, ListContextsRequest, RestartContextRequest, RemoveContextRequest,
+                 MakeDirRequest, MoveRequest, RemoveRequest, WatchRequest>
         op;
 };
 

@@ -68,4 +68,50 @@ uint64_t optional_max_output(const Json& object)
     return max->get<uint64_t>();
 }
 
+std::vector<std::string> parse_argv(const Json& object)
+{
+    std::vector<std::string> argv;
+    const Json& value = require(object, "argv");
+    if (!value.is_array() || value.empty())
+        bad_field("argv", "must be a non-empty array of strings");
+    for (const Json& arg : value) {
+        if (!arg.is_string())
+            bad_field("argv", "must be a non-empty array of strings");
+        argv.push_back(arg.get<std::string>());
+    }
+    // execve takes NUL-terminated strings: an embedded NUL would silently cut the word.
+    for (const std::string& arg : argv)
+        if (arg.find('\0') != std::string::npos)
+            bad_field("argv", "must not contain NUL");
+    if (argv[0].empty())
+        bad_field("argv", "must not start with an empty string");
+    return argv;
+}
+
+std::map<std::string, std::string> parse_env(const Json& object)
+{
+    std::map<std::string, std::string> env;
+    auto value = object.find("env");
+    if (value == object.end() || value->is_null())
+        return env;
+    if (!value->is_object())
+        bad_field("env", "must be an object of strings");
+    for (const auto& [key, entry] : value->items()) {
+        if (!entry.is_string() || key.empty() || key.find('=') != std::string::npos
+            || key.find('\0') != std::string::npos
+            || entry.get_ref<const std::string&>().find('\0') != std::string::npos)
+            bad_field("env", "must map names (no '=' or NUL) to strings");
+        env[key] = entry.get<std::string>();
+    }
+    return env;
+}
+
+std::optional<std::string> parse_tag(const Json& object)
+{
+    std::optional<std::string> tag = optional_string(object, "tag");
+    if (tag && (tag->empty() || tag->size() > max_tag_bytes || tag->find('\0') != std::string::npos))
+        bad_field("tag", "must be 1 to " + std::to_string(max_tag_bytes) + " bytes, without NUL");
+    return tag;
+}
+
 } // namespace agentvm

@@ -3,8 +3,10 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "protocol/agent_protocol.hpp"
 
@@ -20,6 +22,12 @@ bool optional_bool(const Json& object, const std::string& name);
 std::optional<double> optional_timeout(const Json& object);
 // "max_output": bytes; absent or null: default_max_output.
 uint64_t optional_max_output(const Json& object);
+// A command's "argv" (required): a non-empty array of strings without NUL.
+std::vector<std::string> parse_argv(const Json& object);
+// A command's "env" (optional): names without '=' or NUL, string values without NUL.
+std::map<std::string, std::string> parse_env(const Json& object);
+// A process's "tag" (optional): the client's own name for it, 1 to max_tag_bytes.
+std::optional<std::string> parse_tag(const Json& object);
 
 // "stream": false (or absent), true (events, and the output in the response too) or "only"
 // (events; the response carries no output, so it stays small however much was sent).

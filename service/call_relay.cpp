@@ -66,7 +66,7 @@ std::string ndjson_line(const Json& message)
 } // namespace
 
 void relay_call(const std::shared_ptr<Sandbox>& sandbox, const std::shared_ptr<HttpExchange>& exchange,
-                Json request, Json summary, bool stream)
+                Json request, Json summary, bool stream, WhenGone when_gone)
 {
     if (stream)
         request["stream"] = "only";
@@ -100,17 +100,22 @@ void relay_call(const std::shared_ptr<Sandbox>& sandbox, const std::shared_ptr<H
         exchange->add_header("X-Agentvm-Call", std::to_string(*seq));
     if (stream)
         exchange->start_stream(200, "application/x-ndjson");
-    forget_call_when_gone(*exchange, sandbox, call, std::move(pacer));
+    forget_call_when_gone(*exchange, sandbox, call, std::move(pacer), when_gone);
 }
 
 void forget_call_when_gone(HttpExchange& exchange, const std::shared_ptr<Sandbox>& sandbox, uint64_t call,
-                           std::shared_ptr<StreamPacer> pacer)
+                           std::shared_ptr<StreamPacer> pacer, WhenGone when_gone)
 {
     std::weak_ptr<Sandbox> weak = sandbox;
-    exchange.on_gone([weak, call, pacer = std::move(pacer)] {
+    exchange.on_gone([weak, call, pacer = std::move(pacer), when_gone] {
         pacer->release();
-        if (auto s = weak.lock())
-            s->forget(call);
+        auto s = weak.lock();
+        if (!s)
+            return;
+        if (when_gone == WhenGone::cancel)
+            if (const std::optional<uint64_t> seq = s->history_seq_of(call))
+                s->cancel(*seq, [](Json&&) {});
+        s->forget(call);
     });
 }
 

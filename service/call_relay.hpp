@@ -15,10 +15,16 @@ namespace agentvm {
 // Answers `exchange` with the agent's {"error":{"code","message"}}, in its facade's shape.
 void respond_agent_error(HttpExchange& exchange, const Json& answer);
 
+// What happens to a call whose client went away before it answered.
+enum class WhenGone {
+    forget,  // it runs on in the guest, recorded (a command the client started)
+    cancel,  // the agent's cancel ends it (an attach, a watch: it only served that client)
+};
+
 // Sends `request` to the sandbox and answers `exchange` with its result; `stream` asks for
 // NDJSON (the agent is then asked for "stream":"only").
 void relay_call(const std::shared_ptr<Sandbox>& sandbox, const std::shared_ptr<HttpExchange>& exchange,
-                Json request, Json summary, bool stream);
+                Json request, Json summary, bool stream, WhenGone when_gone = WhenGone::forget);
 
 // `handlers` of a call that answers `exchange`, each made unable to throw: an exception one
 // lets out fails that request (HttpExchange::fail) instead of leaving through the sandbox's
@@ -27,9 +33,10 @@ CallHandlers answering(const std::shared_ptr<HttpExchange>& exchange, CallHandle
 
 class StreamPacer;
 // When the client goes away before the call answered: its pacer lets go of the sandbox's
-// output, and the sandbox forgets the call (which runs on in the guest, recorded).
+// output, and the sandbox forgets the call (which runs on in the guest, recorded, unless
+// `when_gone` cancels it first).
 void forget_call_when_gone(HttpExchange& exchange, const std::shared_ptr<Sandbox>& sandbox, uint64_t call,
-                           std::shared_ptr<StreamPacer> pacer);
+                           std::shared_ptr<StreamPacer> pacer, WhenGone when_gone = WhenGone::forget);
 
 // Backpressure for an answer streamed to a slow client: after a write, holds the sandbox's
 // output while more than high_water is unread, until it drains below low_water.

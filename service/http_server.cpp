@@ -449,6 +449,14 @@ void HttpServer::sweep_deadlines()
         spdlog::debug("http: closed {} connection(s) whose request headers were not whole in time", cut);
         run_soon();
     }
+    // A stream parked for want of bytes is not watched by MHD: a client that left one whose
+    // source is silent (an attach to a quiet process, a watch) would be noticed only at the
+    // next byte, perhaps never. Ended here, its on_gone runs and its call is let go.
+    const std::vector<HttpExchange*> open(requests_.begin(), requests_.end());
+    for (HttpExchange* exchange : open)
+        if (exchange->suspended_ && exchange->answer_ && exchange->answer_->streamed && !exchange->stream_finished_
+            && exchange->client_closed())
+            exchange->abort();
     if (!connections_.empty())
         deadline_timer_->arm(deadline_sweep_period);
 }

@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <cerrno>
 
+#include "guest/agent/process.hpp"
+
 namespace agentvm {
 
 Capture::Capture(const char* name, Fd fd, uint64_t limit, bool in_response)
@@ -14,7 +16,7 @@ Capture::Capture(const char* name, Fd fd, uint64_t limit, bool in_response)
     ::fcntl(fd_.get(), F_SETFL, ::fcntl(fd_.get(), F_GETFL) | O_NONBLOCK);
 }
 
-bool Capture::read_some(const Json& id, bool stream, Outbox& outbox)
+bool Capture::read_some(const Json& id, Outbox* stream_to)
 {
     char buffer[64 * 1024];
     const ssize_t n = ::read(fd_.get(), buffer, sizeof(buffer));
@@ -25,6 +27,8 @@ bool Capture::read_some(const Json& id, bool stream, Outbox& outbox)
         return false;
     }
     const std::string_view chunk(buffer, static_cast<size_t>(n));
+    if (tee_)
+        tee_->append_output(name_, chunk);
     const size_t room = static_cast<size_t>(std::min<uint64_t>(limit_ - kept_bytes_, chunk.size()));
     if (room < chunk.size())
         truncated_ = true;
@@ -32,10 +36,10 @@ bool Capture::read_some(const Json& id, bool stream, Outbox& outbox)
     kept_bytes_ += kept.size();
     if (in_response_)
         kept_.append(kept);
-    if (stream && !kept.empty()) {
+    if (stream_to && !kept.empty()) {
         Json event{{"id", id}, {"event", name_}};
         put_bytes(event, "data", std::string(kept));
-        outbox.send(to_line(event));
+        stream_to->send(to_line(event));
     }
     return true;
 }

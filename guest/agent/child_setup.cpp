@@ -1,6 +1,7 @@
 #include "guest/agent/child_setup.hpp"
 
 #include <fcntl.h>
+#include <sys/ioctl.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -133,6 +134,9 @@ void exec_child(ChildPlan& plan, int stdin_fd, int stdout_fd, int stderr_fd, int
     ::dup2(stdin_fd, STDIN_FILENO);
     ::dup2(stdout_fd, STDOUT_FILENO);
     ::dup2(stderr_fd, STDERR_FILENO);
+    // A new session has no controlling terminal; a pty's programs (shells, editors) want one.
+    if (plan.controlling_tty)
+        ::ioctl(STDIN_FILENO, TIOCSCTTY, 0);
     // Last of what needs root, and before the cwd, whose permissions are the user's to meet.
     if (const int error = drop_to_run_as(); error != 0) {
         errno = error;

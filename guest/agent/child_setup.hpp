@@ -17,6 +17,7 @@ struct ChildPlan {
     std::vector<std::string> env; // "NAME=value"
     std::string cwd;              // empty: the agent's
     int cgroup_procs = -1;        // the call's CallCgroup::procs_fd(), joined first
+    bool controlling_tty = false; // stdin is a pseudo-terminal's slave: make it the session's
     std::vector<char*> c_argv;
     std::vector<char*> c_env;
 };

@@ -10,10 +10,14 @@
 #include <cstring>
 #include <thread>
 
+#include "guest/agent/attach.hpp"
 #include "guest/agent/exec.hpp"
+#include "guest/agent/file_info.hpp"
+#include "guest/agent/file_ops.hpp"
 #include "guest/agent/files.hpp"
 #include "protocol/line_framer.hpp"
 #include "guest/agent/resume.hpp"
+#include "guest/agent/spawn_process.hpp"
 #include "common/error.hpp"
 
 namespace agentvm {
@@ -94,6 +98,7 @@ void Connection::serve()
         framer.feed({buffer.data(), static_cast<size_t>(n)});
     }
 
+    requests_ended_.signal();
     if (hung_up)
         cancel();
     wait_for_calls(!hung_up);
@@ -142,7 +147,7 @@ void Connection::handle_line(std::string&& line)
         const Json& id = request.id;
         if (auto* exec = std::get_if<ExecRequest>(&request.op)) {
             start_call(id, [this, id, exec = std::move(*exec)](int cancel_fd) {
-                return run_exec(id, exec, outbox_, cancel_fd);
+                return run_exec(id, exec, outbox_, cancel_fd, sessions_.processes);
             });
         } else if (auto* shell = std::get_if<ShellRequest>(&request.op)) {
             start_turn(
@@ -150,12 +155,15 @@ void Connection::handle_line(std::string&& line)
                 [this, id, shell = std::move(*shell)](int cancel_fd) { return sessions_.shell.run(id, shell, outbox_, cancel_fd); },
                 [id] { return Shell::not_run(id); });
         } else if (auto* run = std::get_if<RunCodeRequest>(&request.op)) {
+            Contexts::Cell cell = sessions_.contexts.cell_for(*run);
             start_turn(
-                sessions_.interpreter_turns, id,
-                [this, id, run = std::move(*run)](int cancel_fd) {
-                    return sessions_.interpreter.run(id, run, outbox_, cancel_fd);
+                cell.turns(), id,
+                [id, cell, run = std::move(*run), this](int cancel_fd) mutable {
+                    return cell.run(id, run, outbox_, cancel_fd);
                 },
-                [id] { return Interpreter::not_run(id); });
+                [id, cell] { return cell.not_run(id); });
+        } else if (std::optional<Json> answer = sessions_.contexts.answer(id, request.op)) {
+            outbox_.send(to_line(*answer));
         } else if (auto* write = std::get_if<WriteFileRequest>(&request.op)) {
             const size_t bytes = write_file(*write);
             outbox_.send(to_line(Json{{"id", id}, {"ok", true}, {"bytes", bytes}}));
@@ -165,6 +173,36 @@ void Connection::handle_line(std::string&& line)
             outbox_.send(to_line(stat_path(id, *stat)));
         } else if (auto* list = std::get_if<ListDirRequest>(&request.op)) {
             outbox_.send(to_line(list_dir(id, *list)));
+        } else if (auto* make = std::get_if<MakeDirRequest>(&request.op)) {
+            outbox_.send(to_line(make_dir(id, *make)));
+        } else if (auto* move = std::get_if<MoveRequest>(&request.op)) {
+            outbox_.send(to_line(move_path(id, *move)));
+        } else if (auto* remove = std::get_if<RemoveRequest>(&request.op)) {
+            outbox_.send(to_line(remove_path(id, *remove)));
+        } else if (auto* watch = std::get_if<WatchRequest>(&request.op)) {
+            start_call(id, [this, id, watch = std::move(*watch)](int cancel_fd) {
+                return run_watch(id, watch, outbox_, cancel_fd, requests_ended_.fd());
+            });
+        } else if (auto* spawn = std::get_if<SpawnRequest>(&request.op)) {
+            outbox_.send(to_line(spawn_process(id, *spawn, sessions_.processes)));
+        } else if (auto* attach = std::get_if<AttachRequest>(&request.op)) {
+            start_call(id, [this, id, attach = std::move(*attach)](int cancel_fd) {
+                return attach_process(id, attach, sessions_.processes, outbox_, cancel_fd);
+            });
+        } else if (std::holds_alternative<ListProcessesRequest>(request.op)) {
+            outbox_.send(to_line(Json{{"id", id}, {"ok", true}, {"processes", sessions_.processes.list()}}));
+        } else if (auto* send = std::get_if<SendStdinRequest>(&request.op)) {
+            sessions_.processes.find(send->process)->send_stdin(send->data);
+            outbox_.send(to_line(Json{{"id", id}, {"ok", true}, {"bytes", send->data.size()}}));
+        } else if (auto* close_stdin = std::get_if<CloseStdinRequest>(&request.op)) {
+            sessions_.processes.find(close_stdin->process)->close_stdin();
+            outbox_.send(to_line(Json{{"id", id}, {"ok", true}}));
+        } else if (auto* signal = std::get_if<SignalRequest>(&request.op)) {
+            sessions_.processes.find(signal->process)->signal(signal->signal, signal->group);
+            outbox_.send(to_line(Json{{"id", id}, {"ok", true}}));
+        } else if (auto* resize = std::get_if<ResizeRequest>(&request.op)) {
+            sessions_.processes.find(resize->process)->resize(resize->size);
+            outbox_.send(to_line(Json{{"id", id}, {"ok", true}}));
         } else if (auto* cancel = std::get_if<CancelRequest>(&request.op)) {
             const bool running = cancel_call(cancel->call);
             outbox_.send(to_line(Json{{"id", id}, {"ok", true}, {"running", running}}));

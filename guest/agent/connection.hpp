@@ -1,8 +1,9 @@
 // One client connection: reads request lines, answers file calls and cancels in request
 // order on the reading thread (so appending write_file chunks land in order), and runs each
 // exec on a thread of its own so calls overlap. Shell and run_code calls also get threads,
-// but take turns in request order on the agent's one bash and one interpreter (Sessions),
-// which outlive the connection. Output goes through the Outbox, a line at a time.
+// but take turns in request order on the agent's one bash and on each of its interpreter
+// contexts (Sessions), which outlive the connection. Output goes through the Outbox, a line
+// at a time.
 #pragma once
 
 #include <condition_variable>
@@ -11,6 +12,7 @@
 #include <mutex>
 #include <string>
 
+#include "guest/agent/file_watch.hpp"
 #include "guest/agent/outbox.hpp"
 #include "guest/agent/sessions.hpp"
 #include "guest/agent/turns.hpp"
@@ -61,6 +63,8 @@ private:
     CallCancels call_cancels_;
     bool abandoned_ = false;  // cancel() ran: every call, also one starting now, is cancelled
     Sessions& sessions_;
+    // Signalled when the peer sends no more requests: its watches end then.
+    EndOfRequests requests_ended_;
 };
 
 } // namespace agentvm

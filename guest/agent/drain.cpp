@@ -30,6 +30,17 @@ std::optional<Clock::time_point> deadline_after(Clock::time_point start, std::op
 Drained drain(const Running& command, std::span<Capture, 2> captures, Watch& watch, const Json& id, bool stream,
               Outbox& outbox)
 {
+    return drain_streaming(command, captures, watch, id, stream ? &outbox : nullptr);
+}
+
+Drained drain_quietly(const Running& command, std::span<Capture, 2> captures, Watch& watch)
+{
+    return drain_streaming(command, captures, watch, nullptr, nullptr);
+}
+
+Drained drain_streaming(const Running& command, std::span<Capture, 2> captures, Watch& watch, const Json& id,
+                        Outbox* stream_to)
+{
     Drained result;
     bool over = false;
     Clock::time_point last_output{};
@@ -81,7 +92,7 @@ Drained drain(const Running& command, std::span<Capture, 2> captures, Watch& wat
             throw_errno("poll");
 
         for (size_t i = 0; i < captures.size(); ++i)
-            if (fds[i].revents != 0 && captures[i].read_some(id, stream, outbox))
+            if (fds[i].revents != 0 && captures[i].read_some(id, stream_to))
                 last_output = Clock::now();
         if (fds[watch_slot].revents != 0 && watch.ready(fds[watch_slot].revents))
             finish();

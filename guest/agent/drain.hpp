@@ -67,6 +67,11 @@ struct Drained {
 // kept. Streams events through `outbox` when `stream` is set.
 Drained drain(const Running& command, std::span<Capture, 2> captures, Watch& watch, const Json& id, bool stream,
               Outbox& outbox);
+// The same, streaming as events for `id` through `stream_to` when given.
+Drained drain_streaming(const Running& command, std::span<Capture, 2> captures, Watch& watch, const Json& id,
+                        Outbox* stream_to);
+// The same for a command whose output only its captures see (a spawned process's).
+Drained drain_quietly(const Running& command, std::span<Capture, 2> captures, Watch& watch);
 
 // The end every command call's response shares: "cancelled" when a cancel killed the command,
 // each stream's output and _truncated flag, and duration_ms from `start` to its end.

@@ -1,6 +1,6 @@
-// The write_file, read_file, stat and list_dir calls. Data goes straight between the request line and the
-// file: a large file arrives as many appending write_file calls and leaves as 1 MiB events,
-// so neither direction holds a whole file in memory.
+// The write_file and read_file calls (stat and list_dir: file_info.hpp). Data goes straight
+// between the request line and the file: a large file arrives as many appending write_file
+// calls and leaves as 1 MiB events, so neither direction holds a whole file in memory.
 #pragma once
 
 #include "guest/agent/outbox.hpp"
@@ -14,9 +14,5 @@ size_t write_file(const WriteFileRequest& request);
 // Sends the data events, returns the final response. Throws CallError (not_found, io) when
 // the file cannot be opened or read.
 Json read_file(const Json& id, const ReadFileRequest& request, Outbox& outbox);
-
-// The stat and list_dir answers. Throw CallError (not_found, io).
-Json stat_path(const Json& id, const StatRequest& request);
-Json list_dir(const Json& id, const ListDirRequest& request);
 
 } // namespace agentvm

@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <functional>
 #include <optional>
@@ -21,6 +22,7 @@
 #include "guest/agent/child_setup.hpp"
 #include "guest/agent/connection.hpp"
 #include "guest/agent/listen_address.hpp"
+#include "guest/agent/process_table.hpp"
 #include "guest/agent/run_as.hpp"
 #include "common/error.hpp"
 
@@ -29,7 +31,8 @@ namespace agentvm {
 namespace {
 
 constexpr char usage[] =
-    "usage: agentvm-agent [--listen vsock:PORT|unix:PATH] [--call-cgroup DIR] [--user-file PATH]\n";
+    "usage: agentvm-agent [--listen vsock:PORT|unix:PATH] [--call-cgroup DIR] [--user-file PATH]\n"
+    "                     [--max-processes N]\n";
 
 // Commands get pipes for stdio, but descriptors 0-2 must not be handed out to pipes of
 // our own, or dup2 in a child would clobber them; init may start us with them closed.
@@ -87,6 +90,13 @@ int run(int argc, char** argv)
             call_cgroup = argv[++i];
         } else if (arg == "--user-file" && i + 1 < argc) {
             user_file = argv[++i];
+        } else if (arg == "--max-processes" && i + 1 < argc) {
+            const long count = std::strtol(argv[++i], nullptr, 10);
+            if (count < 1 || count > 65536) {
+                std::fputs("agentvm-agent: --max-processes takes 1 to 65536\n", stderr);
+                return 2;
+            }
+            ProcessTable::set_max_running(static_cast<size_t>(count));
         } else {
             std::fputs(usage, stderr);
             return 2;

@@ -62,7 +62,7 @@ Fd SessionProcess::open_fifo(const std::string& path)
     return fd;
 }
 
-void SessionProcess::start(std::vector<std::string> argv)
+void SessionProcess::start(std::vector<std::string> argv, const std::optional<std::string>& cwd)
 {
     // Under $TMPDIR when set, so a test can have an agent it kills leave nothing behind.
     const char* tmp = std::getenv("TMPDIR");
@@ -79,6 +79,7 @@ void SessionProcess::start(std::vector<std::string> argv)
 
         ExecRequest request;
         request.argv = std::move(argv);
+        request.cwd = cwd;
         ChildPlan plan = plan_child(request);
         cgroup_.emplace(kind_);
         plan.cgroup_procs = cgroup_->procs_fd();

@@ -33,10 +33,11 @@ public:
     // Whether a child is running; one that has exited since (a background job killed it, the
     // code ended it) is stopped first.
     bool running();
-    // Starts the child with `argv` (argv[0] looked up in PATH), stdin the command pipe, stdout
-    // and stderr /dev/null. The status FIFO exists (status_path()) and is open for reading,
-    // for the child to open for writing. Throws CallError(spawn_failed or not_found).
-    void start(std::vector<std::string> argv);
+    // Starts the child with `argv` (argv[0] looked up in PATH) in `cwd` (absent: the agent's),
+    // stdin the command pipe, stdout and stderr /dev/null. The status FIFO exists
+    // (status_path()) and is open for reading, for the child to open for writing. Throws
+    // CallError(spawn_failed or not_found).
+    void start(std::vector<std::string> argv, const std::optional<std::string>& cwd = std::nullopt);
     // Kills the child's process group and cgroup, reaps it, removes the directory.
     void stop();
     // The child was reaped by the caller (its exit ended a call): forget it, then stop().

@@ -60,14 +60,14 @@ private:
 void Shell::start()
 {
     try {
-        bash_.start({"bash", "--noprofile", "--norc"});
+        bash_.start({"bash", "--noprofile", "--norc"}, cwd_);
         posix_sh_ = false;
     } catch (const CallError& e) {
         // An image without bash (busybox, distroless with a shell): the lines sent below are
         // POSIX, so sh serves them; every response says which shell ran.
         if (e.code() != "not_found")
             throw;
-        bash_.start({"sh"});
+        bash_.start({"sh"}, cwd_);
         posix_sh_ = true;
     }
     bash_.send("exec 3>" + shell_quote(bash_.status_path()) + "\n");

@@ -1,5 +1,6 @@
 // The shell call: one persistent bash per agent (per sandbox), so cd, exports, functions and
-// background jobs carry over from call to call, as in a terminal. An image without bash in
+// background jobs carry over from call to call, as in a terminal. A bash context's cells
+// (contexts.hpp) run the same way, each context in a bash of its own. An image without bash in
 // PATH gets `sh` instead (the lines below are POSIX), and each response then says "shell":"sh".
 //
 // bash reads commands from a pipe. Each call is sent as one line,
@@ -14,6 +15,9 @@
 // next call then starts a fresh shell, its state lost.
 #pragma once
 
+#include <optional>
+#include <string>
+
 #include "guest/agent/outbox.hpp"
 #include "guest/agent/session_process.hpp"
 #include "protocol/agent_protocol.hpp"
@@ -22,6 +26,9 @@ namespace agentvm {
 
 class Shell {
 public:
+    // `cwd`: where the shell starts; absent, the agent's.
+    explicit Shell(std::optional<std::string> cwd = std::nullopt) : cwd_(std::move(cwd)) {}
+
     // Returns the final response (same shape as exec's). exit_code is bash's $?, so 128+N
     // for a command killed by signal N; signal is set only when bash itself was killed.
     // Throws CallError(spawn_failed) when neither bash nor sh can start.
@@ -29,12 +36,19 @@ public:
     // The response of a call cancelled before its turn: it never ran, the shell is untouched.
     static Json not_run(const Json& id);
 
-    // From any thread, as the agent exits (SessionProcess::kill_on_exit).
+    // Whether the shell runs (it has not ended since its last call), and ending it; not while a
+    // call runs.
+    bool running() { return bash_.running(); }
+    void stop() { bash_.stop(); }
+
+    // From any thread, as the agent exits (SessionProcess::kill_on_exit); also how a restart
+    // ends a running cell.
     void kill_on_exit() const { bash_.kill_on_exit(); }
 
 private:
     void start();
 
+    std::optional<std::string> cwd_;
     SessionProcess bash_{"shell"};
     bool posix_sh_ = false;  // the session is sh: no bash in this image
 };

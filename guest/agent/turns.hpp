@@ -1,6 +1,6 @@
 // Calls that must run one at a time, in the order they were sent, each on a thread of its
-// own: the shell calls of a connection take turns on its one bash, the run_code calls on its
-// one interpreter. Each call takes a ticket when it is read and waits for its turn; a call
+// own: the shell calls take turns on the agent's one bash, the run_code calls of a context on
+// its interpreter. Each call takes a ticket when it is read and waits for its turn; a call
 // that ends (or never starts) passes the turn on.
 #pragma once
 

@@ -8,17 +8,19 @@ from __future__ import annotations
 
 from .errors import (AgentError, AgentvmError, BinaryNotFound, CallTimeout, CommandFailed, NotFound,
                      SandboxDied, ServiceError, StartFailed, Timeout)
-from .models import CommandResult, EntryInfo, Execution, ExecutionError, FileInfo
+from .models import CommandResult, EntryInfo, Execution, ExecutionError, FileInfo, ProcessInfo, ProcessResult
 from ._commands import AsyncCommandHandle
 from ._files import EntryList
 from ._lifecycle import AsyncSandbox
-from ._sync import CommandHandle, Sandbox
+from ._processes import AsyncProcess, AsyncPty
+from ._sync import CommandHandle, Process, Pty, Sandbox
 
 __version__ = "0.1.0"
 
 __all__ = [
     "Sandbox", "AsyncSandbox", "CommandHandle", "AsyncCommandHandle",
     "CommandResult", "Execution", "ExecutionError", "FileInfo", "EntryInfo", "EntryList",
+    "Process", "AsyncProcess", "Pty", "AsyncPty", "ProcessResult", "ProcessInfo",
     "AgentvmError", "AgentError", "NotFound", "SandboxDied", "StartFailed", "ServiceError",
     "Timeout", "CallTimeout", "CommandFailed", "BinaryNotFound",
 ]

@@ -12,6 +12,7 @@ from typing import (TYPE_CHECKING, Any, AsyncGenerator, Callable, Dict, List, Li
 
 from . import _validate as valid
 from ._common import DEFAULT_CALL_TIMEOUT, MAX_CALL_TIMEOUT, OnEvent, Transport, put_bytes
+from ._processes import AsyncProcessCommands
 from .errors import AgentvmError, CommandFailed, Timeout
 from .models import CommandResult, Execution, byte_field
 
@@ -189,8 +190,9 @@ class AsyncCommandHandle:
             yield item
 
 
-class AsyncCommands:
-    """``sandbox.commands``."""
+class AsyncCommands(AsyncProcessCommands):
+    """``sandbox.commands``: ``run`` here, the process half (spawn, connect, list, ...) from
+    _processes.py."""
 
     def __init__(self, sandbox: AsyncSandbox) -> None:
         self._sb = sandbox

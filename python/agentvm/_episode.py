@@ -29,7 +29,7 @@ from .models import byte_field
 STDERR_TAIL = 64 * 1024
 # Episode exit statuses (docs/protocol.md, "When the episode fails"; docs/cli.md, exit statuses).
 _EXIT_CODES = {3: "vm_died", 4: "vm_died", 5: "episode_timeout"}
-_CANCELLABLE = ("exec", "shell", "run_code")
+_CANCELLABLE = ("exec", "shell", "run_code", "attach", "watch")
 _ANSWERED_WITH = re.compile(r"answered with error '([a-z_]+)'")
 
 

@@ -290,12 +290,24 @@ def http_error(resp: Response) -> AgentvmError:
 
 def _ndjson_reader(on_line: Callable[[Dict[str, Any]], None], ctx: _Ctx
                    ) -> Callable[[http.client.HTTPResponse], bytes]:
-    """Consumes an NDJSON body: every line but the last goes to ``on_line`` (on the worker
-    thread); the last line is returned (the call's answer or a streamed error)."""
+    """Consumes an NDJSON body: each event line goes to ``on_line`` (on the worker thread) as
+    soon as it has arrived, since a silent stream (an attach to a quiet process) may send no
+    next line for a long time; the last line that is not an event is returned (the call's
+    answer or a streamed error)."""
 
     def consume(resp: http.client.HTTPResponse) -> bytes:
         pending: List[bytes] = []
         last = b""
+
+        def take(line: bytes) -> bytes:
+            if last:
+                on_line(json.loads(last))
+            msg = json.loads(line)
+            if isinstance(msg, dict) and "event" in msg:
+                on_line(msg)
+                return b""
+            return line
+
         while True:
             chunk = resp.read1(1 << 16)
             if not chunk:
@@ -314,14 +326,10 @@ def _ndjson_reader(on_line: Callable[[Dict[str, Any]], None], ctx: _Ctx
                 start = nl + 1
                 if not line.strip():
                     continue
-                if last:
-                    on_line(json.loads(last))
-                last = line
+                last = take(line)
         tail = b"".join(pending)
         if tail.strip():
-            if last:
-                on_line(json.loads(last))
-            last = tail
+            last = take(tail)
         return last
 
     return consume

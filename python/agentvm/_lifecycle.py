@@ -14,6 +14,7 @@ from ._common import DEFAULT_GRACE, DEFAULT_START_TIMEOUT, MAX_CALL_TIMEOUT, Tra
 from ._episode import EpisodeTransport
 from ._files import AsyncFiles
 from ._http import HttpClient, ServiceTransport
+from ._processes import AsyncPty, attachments_suspended, paused_error
 from ._validate import MAX_FORK_COUNT, MAX_SANDBOX_TIMEOUT
 from .errors import SandboxDied
 from .models import Execution
@@ -31,6 +32,7 @@ class AsyncSandbox:
         self.timeout = timeout
         self.commands = AsyncCommands(self)
         self.files = AsyncFiles(self)
+        self.pty = AsyncPty(self)
         self._killed = False
         self._paused = False
 
@@ -153,15 +155,20 @@ class AsyncSandbox:
             raise ValueError(f"count must be 1 to {MAX_FORK_COUNT}")
         st = valid.number("start_timeout", start_timeout, low=0, high=MAX_CALL_TIMEOUT)
         self._check_alive()
+        # The snapshot waits for every call in flight: this object's attachments are detached for it.
+        async with attachments_suspended(self):
+            children = await self._transport.fork(count, st)
         return [AsyncSandbox(child, envs=dict(self.envs), metadata=dict(self.metadata), timeout=self.timeout)._track()
-                for child in await self._transport.fork(count, st)]
+                for child in children]
 
     async def pause(self) -> str:
         """Saves the sandbox to disk and ends its VM (it holds no memory then); returns the id
         :meth:`resume` takes: serve's sandbox id, or (embedded) the snapshot's directory.
         Calls on this object raise :class:`SandboxDied` (``paused``) afterwards."""
         self._check_alive()
-        resume_id = await self._transport.pause()
+        async with attachments_suspended(self) as held:
+            resume_id = await self._transport.pause()
+            held.end(paused_error())
         self._paused = True
         _loop.unregister_exit(self._kill_at_exit)
         return resume_id

@@ -11,7 +11,8 @@ from ._commands import AsyncCommandHandle, AsyncCommands, Output
 from ._common import DEFAULT_GRACE, DEFAULT_START_TIMEOUT
 from ._files import AsyncFiles, Data, EntryList
 from ._lifecycle import AsyncSandbox
-from .models import CommandResult, Execution, FileInfo
+from ._processes import AsyncProcess, AsyncPty, PidOrTag, PtyOutput, Signal
+from .models import CommandResult, Execution, FileInfo, ProcessInfo, ProcessResult
 
 Item = TypeVar("Item")
 
@@ -62,7 +63,120 @@ class CommandHandle:
         return _sync_iter(self._h.iter_output())
 
 
-class Commands:
+class Process:
+    """The blocking view of an :class:`AsyncProcess`."""
+
+    def __init__(self, process: AsyncProcess) -> None:
+        self._p = process
+
+    @property
+    def pid(self) -> int:
+        return self._p.pid
+
+    @property
+    def tag(self) -> Optional[str]:
+        return self._p.tag
+
+    @property
+    def stdout(self) -> str:
+        return self._p.stdout
+
+    @property
+    def stderr(self) -> str:
+        return self._p.stderr
+
+    @property
+    def lost_bytes(self) -> int:
+        return self._p.lost_bytes
+
+    @property
+    def exit_code(self) -> Optional[int]:
+        return self._p.exit_code
+
+    def done(self) -> bool:
+        return self._p.done()
+
+    def wait(self, timeout: Optional[float] = None) -> ProcessResult:
+        return _loop.run(self._p.wait(timeout))
+
+    def iter_output(self) -> Generator[Tuple[str, str], None, None]:
+        return _sync_iter(self._p.iter_output())
+
+    def send_stdin(self, data: Union[str, bytes]) -> None:
+        _loop.run(self._p.send_stdin(data))
+
+    def close_stdin(self) -> None:
+        _loop.run(self._p.close_stdin())
+
+    def kill(self, signal: Signal = "KILL", *, group: bool = True) -> bool:
+        return _loop.run(self._p.kill(signal, group=group))
+
+    def resize(self, rows: int, cols: int) -> None:
+        _loop.run(self._p.resize(rows, cols))
+
+    def disconnect(self) -> None:
+        _loop.run(self._p.disconnect())
+
+    def __repr__(self) -> str:
+        return repr(self._p)[len("Async"):]
+
+
+class ProcessCommands:
+    """The process half of the blocking ``sandbox.commands`` (:class:`AsyncProcessCommands`)."""
+
+    def __init__(self, commands: AsyncCommands) -> None:
+        self._c = commands
+
+    def spawn(self, cmd: Union[str, Sequence[str]], *, envs: Optional[Mapping[str, str]] = None,
+              cwd: Optional[str] = None, tag: Optional[str] = None, stdin: bool = False,
+              timeout: Optional[float] = None, on_stdout: Optional[Output] = None,
+              on_stderr: Optional[Output] = None) -> Process:
+        """As :meth:`AsyncProcessCommands.spawn`; callbacks run on the package's event-loop thread."""
+        return Process(_loop.run(self._c.spawn(cmd, envs=envs, cwd=cwd, tag=tag, stdin=stdin, timeout=timeout,
+                                               on_stdout=on_stdout, on_stderr=on_stderr)))
+
+    def list(self) -> List[ProcessInfo]:
+        return _loop.run(self._c.list())
+
+    def connect(self, pid_or_tag: PidOrTag, *, on_stdout: Optional[Output] = None,
+                on_stderr: Optional[Output] = None, replay: bool = True) -> Process:
+        return Process(_loop.run(self._c.connect(pid_or_tag, on_stdout=on_stdout, on_stderr=on_stderr,
+                                                 replay=replay)))
+
+    def send_stdin(self, pid_or_tag: PidOrTag, data: Union[str, bytes]) -> None:
+        _loop.run(self._c.send_stdin(pid_or_tag, data))
+
+    def close_stdin(self, pid_or_tag: PidOrTag) -> None:
+        _loop.run(self._c.close_stdin(pid_or_tag))
+
+    def kill(self, pid_or_tag: PidOrTag, signal: Signal = "KILL", *, group: bool = True) -> bool:
+        return _loop.run(self._c.kill(pid_or_tag, signal, group=group))
+
+
+class Pty:
+    """The blocking ``sandbox.pty`` (:class:`AsyncPty`)."""
+
+    def __init__(self, pty: AsyncPty) -> None:
+        self._t = pty
+
+    def create(self, *, rows: int = 24, cols: int = 80, cmd: Union[str, Sequence[str]] = "bash -i",
+               envs: Optional[Mapping[str, str]] = None, cwd: Optional[str] = None, tag: Optional[str] = None,
+               on_data: Optional[PtyOutput] = None, timeout: Optional[float] = None) -> Process:
+        """As :meth:`AsyncPty.create`; ``on_data`` runs on the package's event-loop thread."""
+        return Process(_loop.run(self._t.create(rows=rows, cols=cols, cmd=cmd, envs=envs, cwd=cwd, tag=tag,
+                                                on_data=on_data, timeout=timeout)))
+
+    def send_stdin(self, pid_or_tag: PidOrTag, data: Union[str, bytes]) -> None:
+        _loop.run(self._t.send_stdin(pid_or_tag, data))
+
+    def resize(self, pid_or_tag: PidOrTag, rows: int, cols: int) -> None:
+        _loop.run(self._t.resize(pid_or_tag, rows, cols))
+
+    def kill(self, pid_or_tag: PidOrTag) -> bool:
+        return _loop.run(self._t.kill(pid_or_tag))
+
+
+class Commands(ProcessCommands):
     def __init__(self, commands: AsyncCommands) -> None:
         self._c = commands
 
@@ -146,6 +260,7 @@ class Sandbox:
             grace=grace, agentvm_args=agentvm_args, template=template, snapshot_dir=snapshot_dir))
         self.commands = Commands(self._sb.commands)
         self.files = Files(self._sb.files)
+        self.pty = Pty(self._sb.pty)
 
     @classmethod
     def create(cls, snapshot: Optional[str] = None, timeout: float = 300,
@@ -163,6 +278,7 @@ class Sandbox:
         obj._sb = sandbox
         obj.commands = Commands(sandbox.commands)
         obj.files = Files(sandbox.files)
+        obj.pty = Pty(sandbox.pty)
         return obj
 
     @classmethod

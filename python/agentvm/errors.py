@@ -45,7 +45,9 @@ class AgentvmError(Exception):
 class AgentError(AgentvmError):
     """The guest agent (or the episode's check of a request) refused or could not do a call:
     ``not_found``, ``spawn_failed``, ``io``, ``bad_field``, ``missing_field``, ``unknown_op``,
-    ``bad_json``, ``line_too_long``, ``internal``. The sandbox goes on."""
+    ``bad_json``, ``line_too_long``, ``internal``; of processes ``exists`` (a running one has the
+    tag), ``limit`` (too many processes, attachments or unread stdin) and ``stdin_closed``. The
+    sandbox goes on."""
 
 
 class NotFound(AgentError):

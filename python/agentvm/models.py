@@ -3,9 +3,10 @@ from __future__ import annotations
 
 import base64
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Optional
+from typing import Any, Dict, List, Mapping, Optional
 
-__all__ = ["CommandResult", "Execution", "ExecutionError", "FileInfo", "EntryInfo", "byte_field"]
+__all__ = ["CommandResult", "Execution", "ExecutionError", "FileInfo", "EntryInfo", "ProcessResult",
+           "ProcessInfo", "byte_field"]
 
 
 def byte_field(msg: Mapping[str, Any], name: str) -> Optional[bytes]:
@@ -191,6 +192,86 @@ class EntryInfo:
     @property
     def is_dir(self) -> bool:
         return self.type == "dir"
+
+
+@dataclass(frozen=True)
+class ProcessResult(_Output):
+    """How a process of the sandbox's table ended (docs/protocol.md, "attach"), with the output
+    its attachment received: ``stdout``/``stderr`` (a pty's output is ``stdout``), decoded as
+    UTF-8 (``errors="replace"``), and the raw ``_bytes``. ``exit_code`` is None when a signal
+    killed it (``signal`` is its number); ``duration`` is in seconds; ``lost_bytes`` counts
+    output the attachment missed by falling behind (docs/protocol.md, ``lost``)."""
+
+    pid: int
+    exit_code: Optional[int]
+    stdout_bytes: bytes = field(repr=False)
+    stderr_bytes: bytes = field(repr=False)
+    signal: Optional[int] = None
+    timed_out: bool = False
+    oom_killed: bool = False
+    duration: float = 0.0
+    lost_bytes: int = 0
+
+    @property
+    def ok(self) -> bool:
+        """The process exited 0 (not killed, not timed out)."""
+        return self.exit_code == 0 and self.signal is None and not self.timed_out
+
+    def __repr__(self) -> str:
+        return (f"ProcessResult(pid={self.pid!r}, exit_code={self.exit_code!r}, signal={self.signal!r}, "
+                f"timed_out={self.timed_out!r}, stdout={_clip(self.stdout)!r}, stderr={_clip(self.stderr)!r}, "
+                f"duration={self.duration:.3f})")
+
+    @classmethod
+    def from_response(cls, msg: Mapping[str, Any], stdout: bytes, stderr: bytes,
+                      lost_bytes: int = 0) -> "ProcessResult":
+        """From an ``attach`` call's final response, with the output its events carried."""
+        return cls(pid=int(msg.get("pid") or 0), exit_code=msg.get("exit_code"), stdout_bytes=stdout,
+                   stderr_bytes=stderr, signal=msg.get("signal"), timed_out=bool(msg.get("timed_out", False)),
+                   oom_killed=bool(msg.get("oom_killed", False)),
+                   duration=float(msg.get("duration_ms", 0)) / 1000.0, lost_bytes=lost_bytes)
+
+
+@dataclass(frozen=True)
+class ProcessInfo:
+    """One process of the sandbox's table (``commands.list``; docs/protocol.md,
+    "list_processes"): ``kind`` ``spawn`` or ``exec``, ``envs`` the ones its request gave,
+    ``cwd`` None for the agent's, ``started_at`` seconds since the epoch, ``stdin`` whether
+    ``send_stdin`` can feed it. For one that ended (``running`` false), how: ``exit_code``,
+    ``signal``, ``timed_out``, ``oom_killed`` and ``duration`` (seconds)."""
+
+    pid: int
+    tag: Optional[str]
+    kind: str
+    argv: List[str]
+    envs: Dict[str, str]
+    cwd: Optional[str]
+    started_at: float
+    running: bool
+    stdin: bool = False
+    pty: bool = False
+    exit_code: Optional[int] = None
+    signal: Optional[int] = None
+    timed_out: bool = False
+    oom_killed: bool = False
+    duration: Optional[float] = None
+
+    @classmethod
+    def from_response(cls, entry: Mapping[str, Any]) -> "ProcessInfo":
+        """From an entry of ``list_processes``' ``processes``."""
+        end = entry.get("end")
+        end = end if isinstance(end, dict) else {}
+        tag = entry.get("tag")
+        cwd = entry.get("cwd")
+        duration = end.get("duration_ms")
+        return cls(pid=int(entry["pid"]), tag=tag if isinstance(tag, str) else None, kind=str(entry.get("kind", "")),
+                   argv=[str(a) for a in entry.get("argv") or []],
+                   envs={str(k): str(v) for k, v in (entry.get("env") or {}).items()},
+                   cwd=cwd if isinstance(cwd, str) else None, started_at=float(entry.get("started_at", 0.0)),
+                   running=bool(entry.get("running", False)), stdin=bool(entry.get("stdin", False)),
+                   pty=bool(entry.get("pty", False)), exit_code=end.get("exit_code"), signal=end.get("signal"),
+                   timed_out=bool(end.get("timed_out", False)), oom_killed=bool(end.get("oom_killed", False)),
+                   duration=None if duration is None else float(duration) / 1000.0)
 
 
 def _clip(text: str, n: int = 200) -> str:

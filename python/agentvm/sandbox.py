@@ -15,11 +15,18 @@ from ._files import AsyncFiles as AsyncFiles
 from ._files import Data as Data
 from ._files import EntryList as EntryList
 from ._lifecycle import AsyncSandbox as AsyncSandbox
+from ._processes import AsyncProcess as AsyncProcess
+from ._processes import AsyncProcessCommands as AsyncProcessCommands
+from ._processes import AsyncPty as AsyncPty
 from ._sync import CommandHandle as CommandHandle
 from ._sync import Commands as Commands
 from ._sync import Files as Files
+from ._sync import Process as Process
+from ._sync import ProcessCommands as ProcessCommands
+from ._sync import Pty as Pty
 from ._sync import Sandbox as Sandbox
 from ._validate import MAX_FORK_COUNT as MAX_FORK_COUNT
 from ._validate import MAX_SANDBOX_TIMEOUT as MAX_SANDBOX_TIMEOUT
 
-__all__ = ["AsyncSandbox", "Sandbox", "AsyncCommandHandle", "CommandHandle", "EntryList"]
+__all__ = ["AsyncSandbox", "Sandbox", "AsyncCommandHandle", "CommandHandle", "EntryList", "AsyncProcess", "Process",
+           "AsyncPty", "Pty"]

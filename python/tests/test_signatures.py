@@ -19,6 +19,9 @@ TWINS = [
     (module.Commands, module.AsyncCommands),
     (module.Files, module.AsyncFiles),
     (module.CommandHandle, module.AsyncCommandHandle),
+    (module.ProcessCommands, module.AsyncProcessCommands),
+    (module.Process, module.AsyncProcess),
+    (module.Pty, module.AsyncPty),
 ]
 
 
@@ -34,7 +37,7 @@ def spelled(annotation: Any) -> str:
 
 def blocking_form(annotation: Any) -> str:
     """An async method's return annotation as its blocking twin spells it."""
-    text = re.sub(r"\bAsync(Sandbox|CommandHandle|Commands|Files)\b", r"\1", spelled(annotation))
+    text = re.sub(r"\bAsync(Sandbox|CommandHandle|Commands|Files|Process|Pty)\b", r"\1", spelled(annotation))
     return re.sub(r"^AsyncGenerator\[(.*), NoneType\]$", r"Generator[\1, NoneType, NoneType]", text)
 
 

@@ -8,6 +8,7 @@
 #include "service/client_auth.hpp"
 #include "service/create_request.hpp"
 #include "service/file_transfer.hpp"
+#include "service/native/agent_ops.hpp"
 #include "service/native/native_wire.hpp"
 #include "service/problem.hpp"
 
@@ -196,7 +197,11 @@ void NativeApi::sandbox_request(const std::shared_ptr<HttpExchange>& exchange, c
     }
     if (action == "exec" || action == "shell" || action == "run_code") {
         require_method(*exchange, "POST");
-        return call(exchange, sandbox, action);
+        return call(exchange, sandbox, action, false);
+    }
+    if (const std::optional<AgentOp> op = forwarded_agent_op(action)) {
+        require_method(*exchange, "POST");
+        return call(exchange, sandbox, action, op->follows);
     }
     if (action.starts_with("calls/")) {
         require_method(*exchange, "DELETE");
@@ -286,21 +291,24 @@ void NativeApi::paused_request(const std::shared_ptr<HttpExchange>& exchange, co
 }
 
 void NativeApi::call(const std::shared_ptr<HttpExchange>& exchange, const std::shared_ptr<Sandbox>& sandbox,
-                      const std::string& op)
+                      const std::string& op, bool follows)
 {
     Json body = json_body(*exchange);
     for (const char* serves_own : {"id", "op"})
         if (body.contains(serves_own))
             throw RefusedRequest(ServiceError::bad_field, fmt::format("\"{}\" is serve's to set: leave it out", serves_own));
-    bool stream = false;
+    // What an attach or a watch follows has no end but the client's: only a stream carries it.
+    bool stream = follows;
     if (body.contains("stream")) {
         if (!body["stream"].is_boolean())
             throw RefusedRequest(ServiceError::bad_field, "\"stream\" must be true or false");
         stream = body["stream"].get<bool>();
+        if (follows && !stream)
+            throw_bad_field(fmt::format("{} answers only as a stream: leave \"stream\" out, or true", op));
         body.erase("stream");
     }
     Json summary{{"op", op}};
-    if (op == "exec" && body.contains("argv"))
+    if ((op == "exec" || op == "spawn") && body.contains("argv"))
         summary["argv"] = clipped(body["argv"]);
     if (op == "shell" && body.contains("cmd"))
         summary["cmd"] = clipped(body["cmd"]);
@@ -311,7 +319,8 @@ void NativeApi::call(const std::shared_ptr<HttpExchange>& exchange, const std::s
     Json request{{"op", op}};
     for (auto& [key, value] : body.items())
         request[key] = std::move(value);
-    relay_call(sandbox, exchange, std::move(request), std::move(summary), stream);
+    relay_call(sandbox, exchange, std::move(request), std::move(summary), stream,
+               follows ? WhenGone::cancel : WhenGone::forget);
 }
 
 void NativeApi::cancel(const std::shared_ptr<HttpExchange>& exchange, const std::shared_ptr<Sandbox>& sandbox,
@@ -339,6 +348,12 @@ void NativeApi::file_info(const std::shared_ptr<HttpExchange>& exchange, const s
         if (!entries || *entries > max_list_entries)
             throw_bad_field(fmt::format("\"max_entries\" must be an integer from 1 to {}", max_list_entries));
         request["max_entries"] = *entries;
+    }
+    if (const std::optional<std::string> depth = exchange->query("depth"); depth && op == "list_dir") {
+        const std::optional<uint64_t> levels = positive_integer(*depth);
+        if (!levels || *levels > max_list_depth)
+            throw_bad_field(fmt::format("\"depth\" must be an integer from 1 to {}", max_list_depth));
+        request["depth"] = *levels;
     }
     auto on_answer = [exchange](Json&& answer) {
         if (answer.contains("error"))

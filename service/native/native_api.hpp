@@ -31,8 +31,9 @@ private:
                         const std::string& action);
     void sandbox_request(const std::shared_ptr<HttpExchange>& exchange, const std::string& id,
                          const std::string& action);
+    // An agent op with the body's fields; `follows`: an attach or a watch (agent_ops.hpp).
     void call(const std::shared_ptr<HttpExchange>& exchange, const std::shared_ptr<Sandbox>& sandbox,
-              const std::string& op);
+              const std::string& op, bool follows);
     // DELETE .../calls/SEQ: the agent's cancel of a running call.
     void cancel(const std::shared_ptr<HttpExchange>& exchange, const std::shared_ptr<Sandbox>& sandbox,
                 const std::string& seq_text);

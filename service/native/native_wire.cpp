@@ -92,6 +92,8 @@ std::span<const AgentErrorStatus> native_agent_statuses()
         {"unknown_op", 400},    {"line_too_long", 400},
         // The request was well-formed; the guest could not do it.
         {"not_found", 422},     {"spawn_failed", 422},  {"io", 422},
+        {"exists", 422},        {"not_empty", 422},     {"stdin_closed", 422},
+        {"limit", 422},
         // The sandbox's VM failed under the call.
         {"vm_died", 502},       {"agent_died", 502},    {"watchdog", 502},
         {"stopped", 502},       {"episode_timeout", 502},

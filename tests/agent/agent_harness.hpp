@@ -63,8 +63,16 @@ inline std::vector<pid_t> processes_with(const std::string& marker)
         const pid_t pid = static_cast<pid_t>(std::atoi(entry->d_name));
         if (pid <= 0 || pid == ::getpid())
             continue;
-        std::ifstream file(std::string("/proc/") + entry->d_name + "/cmdline", std::ios::binary);
-        std::string cmdline((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+        // Read with read(2): a process that exits meanwhile fails the read (ESRCH), which an
+        // ifstream would throw about.
+        std::string cmdline;
+        const int fd = ::open((std::string("/proc/") + entry->d_name + "/cmdline").c_str(), O_RDONLY | O_CLOEXEC);
+        if (fd < 0)
+            continue;
+        char chunk[4096];
+        for (ssize_t n; (n = ::read(fd, chunk, sizeof(chunk))) > 0;)
+            cmdline.append(chunk, static_cast<size_t>(n));
+        ::close(fd);
         if (cmdline.find(marker) != std::string::npos)
             found.push_back(pid);
     }
@@ -97,7 +105,8 @@ public:
     // oom_score_adj: the agent starts with it, as init starts the guest's agent with -1000
     // (tests use a positive value: raising it needs no privilege).
     // user_file: the agent's --user-file (the image's /etc/agentvm/user in the guest).
-    explicit Agent(int oom_score_adj = 0, const std::string& user_file = "")
+    // max_processes: the agent's --max-processes, when not 0.
+    explicit Agent(int oom_score_adj = 0, const std::string& user_file = "", int max_processes = 0)
         : dir_(make_temp_dir()), socket_path_(dir_ + "/agent.sock")
     {
         const std::string adj = std::to_string(oom_score_adj);
@@ -117,8 +126,13 @@ public:
             }
             // Without --user-file, one that no host has: the calls run as root.
             const std::string users = user_file.empty() ? dir_ + "/no-user-file" : user_file;
-            ::execl(AGENTVM_AGENT_BIN, AGENTVM_AGENT_BIN, "--listen", listen.c_str(), "--user-file", users.c_str(),
-                    nullptr);
+            const std::string max = std::to_string(max_processes);
+            if (max_processes != 0)
+                ::execl(AGENTVM_AGENT_BIN, AGENTVM_AGENT_BIN, "--listen", listen.c_str(), "--user-file", users.c_str(),
+                        "--max-processes", max.c_str(), nullptr);
+            else
+                ::execl(AGENTVM_AGENT_BIN, AGENTVM_AGENT_BIN, "--listen", listen.c_str(), "--user-file", users.c_str(),
+                        nullptr);
             ::_exit(127);
         }
     }
@@ -131,6 +145,7 @@ public:
     const std::string& dir() const { return dir_; }
     const std::string& socket_path() const { return socket_path_; }
     bool alive() const { return ::waitpid(pid_, nullptr, WNOHANG) == 0; }
+    pid_t pid() const { return pid_; }
 
 private:
     std::string dir_;

@@ -173,7 +173,7 @@ TEST_CASE("run_code: a cell that forges the driver's status line loses the inter
                               "    except OSError:\n"
                               "        pass\n";
     for (const std::string& payload : {std::string("b'not json\\n'"), std::string("b'{\"cell\": 1000}\\n'"),
-                                       std::string("b'x' * (9 << 20)")}) {
+                                       std::string("b'x' * (17 << 20)")}) {
         std::string code = forge;
         code.replace(code.find("PAYLOAD"), 7, payload);
         Json forged = cells.run(code);

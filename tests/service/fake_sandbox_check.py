@@ -31,7 +31,9 @@ OUTPUT_MAX = 8000
 # sends 1 MiB events without end; run_code ignores max_output (5000 bytes of stdout, whatever
 # it was asked) and answers with the max_output it was asked for as its result. snapshot
 # writes the directory it is asked for into its outbox (--snapshot-dir) and names it. A VM is
-# ready after 0.5 s, one restored from a snapshot (--snapshot) after 1.5 s.
+# ready after 0.5 s, one restored from a snapshot (--snapshot) after 1.5 s. attach and watch
+# send one event and run until cancelled (then answer "detached"); any other op of the
+# process, file and context ops answers {"ok":true,"op":OP,"fields":[its fields]}.
 FAKE = r'''
 import base64, json, os, signal, sys, time
 
@@ -45,10 +47,24 @@ def send(message):
 
 signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
 send({"event": "ready", "restored": False})
+following = set()
+FORWARDED = {"spawn", "list_processes", "send_stdin", "close_stdin", "signal", "resize", "make_dir", "move",
+             "remove", "create_context", "list_contexts", "restart_context", "remove_context"}
 for line in sys.stdin:
     request = json.loads(line)
     call, op, path = request["id"], request.get("op"), request.get("path", "")
-    if op == "exec":
+    if op in ("attach", "watch"):
+        following.add(call)
+        send({"id": call, "event": "attached" if op == "attach" else "watching"})
+    elif op == "cancel":
+        running = request["call"] in following
+        if running:
+            following.discard(request["call"])
+            send({"id": request["call"], "detached": True, "cancelled": True})
+        send({"id": call, "ok": True, "running": running})
+    elif op in FORWARDED:
+        send({"id": call, "ok": True, "op": op, "fields": sorted(request)})
+    elif op == "exec":
         send({"id": call, "exit_code": 0, "signal": None, "timed_out": False, "oom_killed": False,
               "stdout": "", "stderr": "", "duration_ms": 1})
     elif op == "write_file":
@@ -184,6 +200,45 @@ def fork_client_gone():
     return "a fork whose client went away before its 2 children were ready left none; one answered kept both"
 
 
+def forwarded_ops():
+    status, _, data = call(UnixConnection(SOCKET, timeout=60), "POST", "/v1/sandboxes", b"{}", {})
+    expect(status == 201, f"create: {status} {data!r}")
+    base = f"/v1/sandboxes/{json.loads(data)['id']}"
+    # Each op reaches the agent with its fields and nothing of serve's but id (and op).
+    answer = post(f"{base}/spawn", {"argv": ["server"], "tag": "web"})
+    expect(answer == {"ok": True, "op": "spawn", "fields": ["argv", "id", "op", "tag"]}, f"spawn: {answer}")
+    for op in ("list_processes", "make_dir", "create_context", "signal"):
+        expect(post(f"{base}/{op}", {})["op"] == op, op)
+    # The host's own ops are no endpoints.
+    for op in ("env", "snapshot", "close", "cancel"):
+        status, _, data = call(UnixConnection(SOCKET), "POST", f"{base}/{op}", b"{}", {})
+        expect(status == 404 and json.loads(data)["error"] == "not_found", f"{op}: {status} {data!r}")
+    # attach is a stream or nothing.
+    status, _, data = call(UnixConnection(SOCKET), "POST", f"{base}/attach", b'{"pid":1,"stream":false}', {})
+    expect(status == 400 and json.loads(data)["error"] == "bad_field", f"attach stream false: {status} {data!r}")
+    # An attach whose client leaves is cancelled in the guest: its history entry gets the answer.
+    conn = UnixConnection(SOCKET, timeout=30)
+    conn.request("POST", f"{base}/attach", body=b'{"tag":"web"}')
+    resp = conn.getresponse()
+    expect(resp.status == 200 and resp.getheader("Content-Type") == "application/x-ndjson",
+           f"attach: {resp.status} {resp.getheader('Content-Type')}")
+    first = json.loads(resp.readline())
+    expect(first.get("event") == "attached", f"attach's first line: {first}")
+    conn.close()
+    deadline = time.monotonic() + 20
+    while True:
+        _, _, data = call(UnixConnection(SOCKET), "GET", f"{base}/history")
+        entries = [e for e in json.loads(data)["calls"] if e["request"].get("op") == "attach"]
+        if entries and entries[-1].get("result", {}).get("detached"):
+            break
+        expect(time.monotonic() < deadline, f"the attach was never cancelled: {entries}")
+        time.sleep(0.1)
+    call(UnixConnection(SOCKET), "DELETE", base)
+    sandboxes_gone()
+    return "spawn, list_processes, make_dir, create_context and signal forwarded with their fields; env, " \
+           "snapshot, close and cancel 404; attach streams, refuses stream:false, and is cancelled when its client left"
+
+
 def main():
     bin_dir = os.path.join(TMP, "bin")
     os.mkdir(bin_dir)
@@ -203,7 +258,7 @@ def main():
     try:
         serve.wait_listening(lambda: UnixConnection(SOCKET))
         for case in (fetch_refusals, fetch_past_the_cap, cells_share_the_output_cap, create_client_gone,
-                     fork_client_gone):
+                     fork_client_gone, forwarded_ops):
             failed += not run_case(case.__name__, case)
         code = serve.stop()
         if code != 0:
