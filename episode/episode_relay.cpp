@@ -203,7 +203,7 @@ void EpisodeRelay::on_request(std::string&& line)
         limits = limits_of(request);
         is_close = std::holds_alternative<CloseRequest>(request.op);
         is_shell = std::holds_alternative<ShellRequest>(request.op);
-        follows = std::holds_alternative<AttachRequest>(request.op);
+        follows = std::holds_alternative<AttachRequest>(request.op) || std::holds_alternative<WatchRequest>(request.op);
         if (const auto* snapshot = std::get_if<SnapshotRequest>(&request.op))
             snapshot_name = snapshot->name;
         if (const auto* own = command_env(request); own && !env_.empty()) {

@@ -108,7 +108,7 @@ private:
         uint64_t order;       // errors for unanswered calls go out in request order
         std::optional<std::chrono::steady_clock::time_point> deadline;
         bool shell = false;   // one that times out or is cancelled kills the shell, and its env
-        // It follows something until cancelled (attach): a snapshot does not wait for it, as
+        // It follows something until cancelled (attach, watch): a snapshot does not wait for it, as
         // it would never be taken (the call, in the guest, is the snapshot's as it runs).
         bool follows = false;
     };

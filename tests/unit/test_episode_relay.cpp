@@ -570,7 +570,7 @@ TEST_CASE("snapshot is the host's op: refused without --snapshot-dir, else answe
     CHECK(json::parse(h.response())["id"] == 9);
 }
 
-TEST_CASE("a snapshot waits for the calls before it, but not for an attach, which runs until cancelled")
+TEST_CASE("a snapshot waits for the calls before it, but not for an attach or a watch, which run until cancelled")
 {
     std::vector<std::string> names;
     Harness h(EpisodeRelay::watchdog_grace, std::nullopt, {},
@@ -596,6 +596,11 @@ TEST_CASE("a snapshot waits for the calls before it, but not for an attach, whic
     CHECK(h.response() == R"({"id":1,"event":"stdout","data":"x"})");
     h.agent_says(R"({"id":1,"pid":7,"exit_code":0})");
     CHECK(h.response() == R"({"id":1,"pid":7,"exit_code":0})");
+    // So does a watch.
+    h.request(R"({"id":4,"op":"watch","path":"/work"})");
+    CHECK(h.agent_reads() == R"({"id":4,"op":"watch","path":"/work"})");
+    h.request(R"({"id":5,"op":"snapshot","name":"with-watch"})");
+    CHECK(h.response() == R"({"id":5,"snapshot":{"path":"/s/with-watch"}})");
 }
 
 TEST_CASE("a request whose id is longer than the relay tracks is refused")
