@@ -26,7 +26,7 @@ using Json = nlohmann::ordered_json;
 
 // This protocol's version (docs/protocol.md), printed by `agentvm --version`. Raised when a
 // change would break a peer written against the previous one.
-constexpr int protocol_version = 1;
+constexpr int protocol_version = 2;
 
 // Longest request line accepted; longer ones are answered with line_too_long.
 constexpr size_t max_line_bytes = size_t{64} << 20;

@@ -190,7 +190,7 @@ void Connection::handle_line(std::string&& line)
                 return attach_process(id, attach, sessions_.processes, outbox_, cancel_fd);
             });
         } else if (std::holds_alternative<ListProcessesRequest>(request.op)) {
-            outbox_.send(to_line(Json{{"id", id}, {"ok", true}, {"processes", sessions_.processes.list()}}));
+            outbox_.send(to_line(Json{{"id", id}, {"ok", true}, {"processes", sessions_.list_processes()}}));
         } else if (auto* send = std::get_if<SendStdinRequest>(&request.op)) {
             sessions_.processes.find(send->process)->send_stdin(send->data);
             outbox_.send(to_line(Json{{"id", id}, {"ok", true}, {"bytes", send->data.size()}}));
@@ -198,7 +198,7 @@ void Connection::handle_line(std::string&& line)
             sessions_.processes.find(close_stdin->process)->close_stdin();
             outbox_.send(to_line(Json{{"id", id}, {"ok", true}}));
         } else if (auto* signal = std::get_if<SignalRequest>(&request.op)) {
-            sessions_.processes.find(signal->process)->signal(signal->signal, signal->group);
+            sessions_.signal(*signal);
             outbox_.send(to_line(Json{{"id", id}, {"ok", true}}));
         } else if (auto* resize = std::get_if<ResizeRequest>(&request.op)) {
             sessions_.processes.find(resize->process)->resize(resize->size);

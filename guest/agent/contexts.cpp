@@ -1,5 +1,6 @@
 #include "guest/agent/contexts.hpp"
 
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -88,6 +89,11 @@ struct InterpreterContext {
     bool running()
     {
         return std::visit([](auto& process) { return process.running(); }, engine);
+    }
+    // Its process's pid while it runs, else -1; from any thread.
+    pid_t pid() const
+    {
+        return std::visit([](const auto& process) { return process.pid(); }, engine);
     }
 
     const std::string name;
@@ -326,6 +332,31 @@ void Contexts::retired(const std::shared_ptr<InterpreterContext>& context)
 {
     std::lock_guard lock(mutex_);
     std::erase(retiring_, context);
+}
+
+void Contexts::describe_processes(Json& entries) const
+{
+    std::lock_guard lock(mutex_);
+    for (const std::shared_ptr<InterpreterContext>& context : contexts_)
+        if (const pid_t pid = context->pid(); pid > 0)
+            entries.push_back(Json{{"pid", pid},
+                                   {"tag", nullptr},
+                                   {"kind", "context"},
+                                   {"context", context->name},
+                                   {"language", context->language == CodeLanguage::bash ? "bash" : "python"},
+                                   {"cwd", context->cwd},
+                                   {"running", true}});
+}
+
+bool Contexts::signal(pid_t pid, int signal, bool group) const
+{
+    std::lock_guard lock(mutex_);
+    for (const std::shared_ptr<InterpreterContext>& context : contexts_)
+        if (context->pid() == pid) {
+            ::kill(group ? -pid : pid, signal);
+            return true;
+        }
+    return false;
 }
 
 void Contexts::kill_on_exit() const

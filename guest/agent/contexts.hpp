@@ -12,6 +12,8 @@
 // the cell's thread then finds it dead and cleans up, as after a timeout.
 #pragma once
 
+#include <sys/types.h>
+
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -67,6 +69,11 @@ public:
 
     // From any thread, as the agent exits: no context's process outlives it.
     void kill_on_exit() const;
+    // list_processes' entries of the contexts' running processes (kind "context").
+    void describe_processes(Json& entries) const;
+    // Signals the running process of the context whose pid is `pid` (its group with `group`);
+    // false when no context's process has that pid.
+    bool signal(pid_t pid, int signal, bool group) const;
 
 private:
     Json create(const Json& id, const CreateContextRequest& request);

@@ -54,6 +54,8 @@ public:
     // From any thread, as the agent exits (SessionProcess::kill_on_exit); also how a restart
     // ends a running cell.
     void kill_on_exit() const { python_.kill_on_exit(); }
+    // Its python3's pid while it runs, else -1; from any thread.
+    pid_t pid() const { return python_.group(); }
 
 private:
     std::optional<std::string> cwd_;

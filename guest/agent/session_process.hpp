@@ -66,6 +66,8 @@ public:
     uint64_t next_command() { return ++commands_; }
 
     pid_t pid() const { return pid_; }
+    // The running child's pid (its process group's), or -1: safe from any thread.
+    pid_t group() const { return group_; }
     int pidfd() const { return pidfd_.get(); }
     const CallCgroup& cgroup() const { return *cgroup_; }
     int status_fd() const { return status_.get(); }

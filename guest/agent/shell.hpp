@@ -44,6 +44,8 @@ public:
     // From any thread, as the agent exits (SessionProcess::kill_on_exit); also how a restart
     // ends a running cell.
     void kill_on_exit() const { bash_.kill_on_exit(); }
+    // Its bash's pid while it runs, else -1; from any thread.
+    pid_t pid() const { return bash_.group(); }
 
 private:
     void start();

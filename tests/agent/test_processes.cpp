@@ -361,3 +361,36 @@ TEST_CASE("bounds: of 10,000 spawns, as many run as --max-processes allows; atta
     CHECK(client.call({{"id", "s"}, {"op", "signal"}, {"pid", first_pid}, {"signal", "SEGV"}})["error"]["code"]
           == "bad_field");
 }
+
+TEST_CASE("the persistent shell and the interpreter contexts are listed while they run, and take signals")
+{
+    Agent agent;
+    Client client(agent);
+    CHECK(client.call({{"id", 1}, {"op", "shell"}, {"cmd", "X=kept; echo $$"}})["exit_code"] == 0);
+    const Json cell = client.call({{"id", 2}, {"op", "run_code"}, {"code", "import os\nos.getpid()"}});
+    const int python_pid = std::stoi(cell["result"].get<std::string>());
+    const Json shell_echo = client.call({{"id", 3}, {"op", "shell"}, {"cmd", "echo $$"}});
+    const int bash_pid = std::stoi(bytes_of(shell_echo, "stdout"));
+    const Json list = client.call({{"id", 4}, {"op", "list_processes"}});
+    std::map<std::string, Json> by_kind;
+    for (const Json& entry : list["processes"])
+        by_kind[entry["kind"]] = entry;
+    REQUIRE(by_kind.contains("shell"));
+    REQUIRE(by_kind.contains("context"));
+    CHECK(by_kind["shell"]["pid"] == bash_pid);
+    CHECK(by_kind["context"]["pid"] == python_pid);
+    CHECK(by_kind["context"]["context"] == "default");
+    CHECK(by_kind["context"]["language"] == "python");
+    // SIGKILL to the bash ends the session: the next shell call starts a fresh one.
+    CHECK(client.call({{"id", 5}, {"op", "signal"}, {"pid", bash_pid}, {"signal", "KILL"}})["ok"] == true);
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));  // the kill lands
+    const Json fresh = client.call({{"id", 6}, {"op", "shell"}, {"cmd", "echo \"[$X]\""}});
+    CHECK(bytes_of(fresh, "stdout") == "[]\n");
+    // SIGINT to the interpreter interrupts its running cell, which answers KeyboardInterrupt.
+    client.send({{"id", 7}, {"op", "run_code"}, {"code", "import time\ntime.sleep(30)"}});
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    CHECK(client.call({{"id", 8}, {"op", "signal"}, {"pid", python_pid}, {"signal", "INT"}})["ok"] == true);
+    const Json interrupted = client.next_line();
+    CHECK(interrupted["id"] == 7);
+    CHECK(interrupted["exception"]["type"] == "KeyboardInterrupt");
+}
