@@ -8,12 +8,14 @@ from __future__ import annotations
 
 from .errors import (AgentError, AgentvmError, BinaryNotFound, CallTimeout, CommandFailed, NotFound,
                      SandboxDied, ServiceError, StartFailed, Timeout)
-from .models import CommandResult, EntryInfo, Execution, ExecutionError, FileInfo, ProcessInfo, ProcessResult
+from .models import (CodeContext, CommandResult, EntryInfo, Execution, ExecutionError, FileInfo, FilesystemEvent,
+                     ProcessInfo, ProcessResult)
 from ._commands import AsyncCommandHandle
 from ._files import EntryList
 from ._lifecycle import AsyncSandbox
 from ._processes import AsyncProcess, AsyncPty
-from ._sync import CommandHandle, Process, Pty, Sandbox
+from ._sync import CommandHandle, Process, Pty, Sandbox, WatchHandle
+from ._watch import AsyncWatchHandle
 
 __version__ = "0.1.0"
 
@@ -21,6 +23,7 @@ __all__ = [
     "Sandbox", "AsyncSandbox", "CommandHandle", "AsyncCommandHandle",
     "CommandResult", "Execution", "ExecutionError", "FileInfo", "EntryInfo", "EntryList",
     "Process", "AsyncProcess", "Pty", "AsyncPty", "ProcessResult", "ProcessInfo",
+    "WatchHandle", "AsyncWatchHandle", "FilesystemEvent", "CodeContext",
     "AgentvmError", "AgentError", "NotFound", "SandboxDied", "StartFailed", "ServiceError",
     "Timeout", "CallTimeout", "CommandFailed", "BinaryNotFound",
 ]

@@ -10,17 +10,21 @@ import shlex
 from typing import (TYPE_CHECKING, Any, AsyncGenerator, Callable, Dict, List, Literal, Mapping, Optional,
                     Sequence, Tuple, Union, overload)
 
+from . import _contexts as contexts
 from . import _validate as valid
 from ._common import DEFAULT_CALL_TIMEOUT, MAX_CALL_TIMEOUT, OnEvent, Transport, put_bytes
+from ._contexts import ContextRef
 from ._processes import AsyncProcessCommands
 from .errors import AgentvmError, CommandFailed, Timeout
-from .models import CommandResult, Execution, byte_field
+from .models import CodeContext, CommandResult, Execution, byte_field
 
 if TYPE_CHECKING:  # pragma: no cover
     from ._lifecycle import AsyncSandbox
 
 # A callback of streamed output: called with each str chunk; what it returns is ignored.
 Output = Callable[[str], object]
+# A callback of a run_code cell's display() calls: called with each one's forms by MIME type.
+OnDisplay = Callable[[Dict[str, Any]], object]
 
 
 class Collector:
@@ -297,32 +301,58 @@ class AsyncCommands(AsyncProcessCommands):
         return result
 
 
-async def run_code(sandbox: AsyncSandbox, code: str, language: str, timeout: Optional[float], *,
-                   on_stdout: Optional[Output], on_stderr: Optional[Output], max_output: Optional[int],
+async def run_code(sandbox: AsyncSandbox, code: str, language: Optional[str], context: Optional[ContextRef],
+                   timeout: Optional[float], *, on_stdout: Optional[Output], on_stderr: Optional[Output],
+                   on_display: Optional[OnDisplay], max_output: Optional[int],
                    request_timeout: Optional[float]) -> Execution:
-    """``sandbox.run_code``: a cell in the sandbox's persistent Python interpreter."""
+    """``sandbox.run_code``: a cell in a persistent interpreter, ``context``'s or the default
+    one of ``language`` (default Python)."""
     valid.text("code", code, empty_ok=True)
-    if not isinstance(language, str):
-        raise TypeError("language must be a str")
-    if language != "python":
-        raise ValueError(f"language {language!r} is not supported (python only)")
+    lang = None if language is None else contexts.language(language)
+    ctx = None if context is None else contexts.context_id(context)
+    if isinstance(context, CodeContext) and lang is not None and lang != context.language:
+        raise ValueError(f"language {lang!r} is not the context's ({context.language!r})")
     ct = DEFAULT_CALL_TIMEOUT if timeout is None else valid.number("timeout", timeout, low=0, high=MAX_CALL_TIMEOUT)
     rt = None if request_timeout is None else valid.number("request_timeout", request_timeout, low=0,
                                                            high=MAX_CALL_TIMEOUT)
     mo = valid.max_output(max_output)
     valid.callback("on_stdout", on_stdout)
     valid.callback("on_stderr", on_stderr)
+    valid.callback("on_display", on_display)
     sandbox._check_alive()
     transport = sandbox._transport
-    body: Dict[str, Any] = {"code": code, "language": language, "timeout": ct}
+    body: Dict[str, Any] = {"code": code, "timeout": ct}
+    if lang is not None:
+        body["language"] = lang
+    if ctx is not None:
+        body["context"] = ctx
     if mo is not None:
         body["max_output"] = mo
     collector = _streaming(transport, body, on_stdout, on_stderr)
-    msg = await transport.call("run_code", body, on_event=_on_event(collector), soft_timeout=ct + 2.0,
-                               hard_timeout=rt)
+    displays: List[Dict[str, Any]] = []
+    errors: List[BaseException] = []
+
+    def on_event(msg: Dict[str, Any]) -> None:
+        # display events come whether or not the call streams its output.
+        if msg.get("event") == "display":
+            forms = msg.get("formats")
+            forms = dict(forms) if isinstance(forms, dict) else {}
+            displays.append(forms)
+            if on_display is not None and not errors:
+                try:
+                    on_display(forms)
+                except BaseException as e:  # re-raised once the call has answered
+                    errors.append(e)
+        elif collector is not None:
+            collector.on_event(msg)
+
+    msg = await transport.call("run_code", body, on_event=on_event, soft_timeout=ct + 2.0, hard_timeout=rt)
     if collector is not None:
         collector.finish()
         if collector.error is not None:
             raise collector.error
-        return Execution.from_response(msg, collector.data("stdout"), collector.data("stderr"))
-    return Execution.from_response(msg)
+    if errors:
+        raise errors[0]
+    if collector is not None:
+        return Execution.from_response(msg, collector.data("stdout"), collector.data("stderr"), displays)
+    return Execution.from_response(msg, displays=displays)

@@ -601,10 +601,12 @@ class EpisodeTransport:
     async def stat(self, path: str) -> Dict[str, Any]:
         return await self.call("stat", {"path": path}, soft_timeout=0.0)
 
-    async def list_dir(self, path: str, max_entries: Optional[int]) -> Dict[str, Any]:
+    async def list_dir(self, path: str, max_entries: Optional[int], depth: int = 1) -> Dict[str, Any]:
         body: Dict[str, Any] = {"path": path}
         if max_entries is not None:
             body["max_entries"] = max_entries
+        if depth != 1:
+            body["depth"] = depth
         return await self.call("list_dir", body, soft_timeout=0.0)
 
     async def write_file(self, path: str, data: FileData, *, size: Optional[int], mode: Optional[str],

@@ -451,10 +451,12 @@ class ServiceTransport:
         doc: Dict[str, Any] = await self._json("GET", self._path("files/stat") + "?" + q)
         return doc
 
-    async def list_dir(self, path: str, max_entries: Optional[int]) -> Dict[str, Any]:
+    async def list_dir(self, path: str, max_entries: Optional[int], depth: int = 1) -> Dict[str, Any]:
         params: Dict[str, Any] = {"path": path}
         if max_entries is not None:
             params["max_entries"] = max_entries
+        if depth != 1:
+            params["depth"] = depth
         doc: Dict[str, Any] = await self._json("GET", self._path("files/list") + "?" + urllib.parse.urlencode(params))
         return doc
 

@@ -9,15 +9,18 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 from . import _loop
 from . import _validate as valid
 from ._binary import find_agentvm
-from ._commands import AsyncCommands, Output, run_code
+from . import _contexts as contexts
+from ._commands import AsyncCommands, OnDisplay, Output, run_code
 from ._common import DEFAULT_GRACE, DEFAULT_START_TIMEOUT, MAX_CALL_TIMEOUT, Transport
+from ._contexts import ContextRef
 from ._episode import EpisodeTransport
 from ._files import AsyncFiles
 from ._http import HttpClient, ServiceTransport
 from ._processes import AsyncPty, attachments_suspended, paused_error
 from ._validate import MAX_FORK_COUNT, MAX_SANDBOX_TIMEOUT
+from ._watch import watches_suspended
 from .errors import SandboxDied
-from .models import Execution
+from .models import CodeContext, Execution
 
 
 class AsyncSandbox:
@@ -155,8 +158,9 @@ class AsyncSandbox:
             raise ValueError(f"count must be 1 to {MAX_FORK_COUNT}")
         st = valid.number("start_timeout", start_timeout, low=0, high=MAX_CALL_TIMEOUT)
         self._check_alive()
-        # The snapshot waits for every call in flight: this object's attachments are detached for it.
-        async with attachments_suspended(self):
+        # The snapshot waits for every call in flight: this object's attachments are detached
+        # and its watches stopped for it.
+        async with attachments_suspended(self), watches_suspended(self):
             children = await self._transport.fork(count, st)
         return [AsyncSandbox(child, envs=dict(self.envs), metadata=dict(self.metadata), timeout=self.timeout)._track()
                 for child in children]
@@ -166,9 +170,10 @@ class AsyncSandbox:
         :meth:`resume` takes: serve's sandbox id, or (embedded) the snapshot's directory.
         Calls on this object raise :class:`SandboxDied` (``paused``) afterwards."""
         self._check_alive()
-        async with attachments_suspended(self) as held:
+        async with attachments_suspended(self) as held, watches_suspended(self) as watches:
             resume_id = await self._transport.pause()
             held.end(paused_error())
+            watches.end()
         self._paused = True
         _loop.unregister_exit(self._kill_at_exit)
         return resume_id
@@ -242,9 +247,33 @@ class AsyncSandbox:
 
     # -- code ------------------------------------------------------------------------------------
 
-    async def run_code(self, code: str, language: str = "python", timeout: Optional[float] = None, *,
-                       on_stdout: Optional[Output] = None, on_stderr: Optional[Output] = None,
+    async def run_code(self, code: str, language: Optional[str] = None, context: Optional[ContextRef] = None,
+                       timeout: Optional[float] = None, *, on_stdout: Optional[Output] = None,
+                       on_stderr: Optional[Output] = None, on_display: Optional[OnDisplay] = None,
                        max_output: Optional[int] = None, request_timeout: Optional[float] = None) -> Execution:
-        """Runs a cell in the sandbox's persistent Python interpreter (protocol ``run_code``)."""
-        return await run_code(self, code, language, timeout, on_stdout=on_stdout, on_stderr=on_stderr,
-                              max_output=max_output, request_timeout=request_timeout)
+        """Runs a cell in a persistent interpreter (protocol ``run_code``): ``context``'s (a
+        :class:`CodeContext` or its id), else the default one of ``language`` (``"python"``,
+        the default, or ``"bash"``). ``on_display`` gets the forms of each ``display()`` the
+        cell makes (they are in the result's ``displays`` too)."""
+        return await run_code(self, code, language, context, timeout, on_stdout=on_stdout, on_stderr=on_stderr,
+                              on_display=on_display, max_output=max_output, request_timeout=request_timeout)
+
+    async def create_code_context(self, language: str = "python", cwd: Optional[str] = None) -> CodeContext:
+        """A new context (``ctx-N``) for ``run_code``: an interpreter of ``language``
+        (``"python"`` or ``"bash"``) of its own, started at its first cell in ``cwd`` (default:
+        the agent's). At most 16 besides the defaults (``AgentError`` ``limit``)."""
+        return await contexts.create(self, language, cwd)
+
+    async def list_code_contexts(self) -> List[CodeContext]:
+        """Every context of the sandbox, ``default`` first, then in the order they were made."""
+        return await contexts.list_all(self)
+
+    async def restart_code_context(self, context: ContextRef) -> None:
+        """Kills the context's interpreter (its state is lost; a cell running in it ends with
+        ``state_lost``); its next cell starts a fresh one. ``default`` too."""
+        await contexts.restart(self, context)
+
+    async def remove_code_context(self, context: ContextRef) -> None:
+        """Kills the context's interpreter and forgets the context (later cells naming it:
+        :class:`NotFound`). ``default`` cannot be removed (``AgentError`` ``bad_field``)."""
+        await contexts.remove(self, context)

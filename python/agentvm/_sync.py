@@ -7,12 +7,14 @@ from typing import (Any, AsyncGenerator, Dict, Generator, List, Literal, Mapping
                     TypeVar, Union, overload)
 
 from . import _loop
-from ._commands import AsyncCommandHandle, AsyncCommands, Output
+from ._commands import AsyncCommandHandle, AsyncCommands, OnDisplay, Output
 from ._common import DEFAULT_GRACE, DEFAULT_START_TIMEOUT
+from ._contexts import ContextRef
 from ._files import AsyncFiles, Data, EntryList
 from ._lifecycle import AsyncSandbox
 from ._processes import AsyncProcess, AsyncPty, PidOrTag, PtyOutput, Signal
-from .models import CommandResult, Execution, FileInfo, ProcessInfo, ProcessResult
+from ._watch import AsyncWatchHandle, OnFilesystemEvent
+from .models import CodeContext, CommandResult, Execution, FileInfo, FilesystemEvent, ProcessInfo, ProcessResult
 
 Item = TypeVar("Item")
 
@@ -240,8 +242,60 @@ class Files:
     def exists(self, path: str) -> bool:
         return _loop.run(self._f.exists(path))
 
-    def list(self, path: str, *, max_entries: Optional[int] = None) -> EntryList:
-        return _loop.run(self._f.list(path, max_entries=max_entries))
+    def list(self, path: str, depth: int = 1, *, max_entries: Optional[int] = None) -> EntryList:
+        return _loop.run(self._f.list(path, depth, max_entries=max_entries))
+
+    def make_dir(self, path: str, *, mode: Optional[Union[int, str]] = None) -> bool:
+        return _loop.run(self._f.make_dir(path, mode=mode))
+
+    def rename(self, old_path: str, new_path: str) -> FileInfo:
+        return _loop.run(self._f.rename(old_path, new_path))
+
+    def remove(self, path: str, *, recursive: bool = True) -> None:
+        _loop.run(self._f.remove(path, recursive=recursive))
+
+    def watch_dir(self, path: str, *, recursive: bool = False,
+                  on_event: Optional[OnFilesystemEvent] = None) -> WatchHandle:
+        """As :meth:`AsyncFiles.watch_dir`; ``on_event`` runs on the package's event-loop thread."""
+        return WatchHandle(_loop.run(self._f.watch_dir(path, recursive=recursive, on_event=on_event)))
+
+
+class WatchHandle:
+    """The blocking view of an :class:`AsyncWatchHandle`: :meth:`get_new_events` (as E2B's)
+    takes the events that came since it was last called, without waiting; :meth:`events`
+    waits for them. Use one of the two (or ``on_event``)."""
+
+    def __init__(self, handle: AsyncWatchHandle) -> None:
+        self._h = handle
+
+    @property
+    def path(self) -> str:
+        return self._h.path
+
+    @property
+    def ended(self) -> Optional[str]:
+        return self._h.ended
+
+    def done(self) -> bool:
+        return self._h.done()
+
+    def get_new_events(self) -> List[FilesystemEvent]:
+        return _loop.run(self._h.get_new_events())
+
+    def events(self) -> Generator[FilesystemEvent, None, None]:
+        return _sync_iter(self._h.events())
+
+    def stop(self) -> None:
+        _loop.run(self._h.stop())
+
+    def __enter__(self) -> WatchHandle:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        return repr(self._h)[len("Async"):]
 
 
 class Sandbox:
@@ -336,11 +390,25 @@ class Sandbox:
     def set_timeout(self, seconds: float) -> None:
         _loop.run(self._sb.set_timeout(seconds))
 
-    def run_code(self, code: str, language: str = "python", timeout: Optional[float] = None, *,
-                 on_stdout: Optional[Output] = None, on_stderr: Optional[Output] = None,
+    def run_code(self, code: str, language: Optional[str] = None, context: Optional[ContextRef] = None,
+                 timeout: Optional[float] = None, *, on_stdout: Optional[Output] = None,
+                 on_stderr: Optional[Output] = None, on_display: Optional[OnDisplay] = None,
                  max_output: Optional[int] = None, request_timeout: Optional[float] = None) -> Execution:
-        return _loop.run(self._sb.run_code(code, language, timeout, on_stdout=on_stdout, on_stderr=on_stderr,
-                                           max_output=max_output, request_timeout=request_timeout))
+        return _loop.run(self._sb.run_code(code, language, context, timeout, on_stdout=on_stdout, on_stderr=on_stderr,
+                                           on_display=on_display, max_output=max_output,
+                                           request_timeout=request_timeout))
+
+    def create_code_context(self, language: str = "python", cwd: Optional[str] = None) -> CodeContext:
+        return _loop.run(self._sb.create_code_context(language, cwd))
+
+    def list_code_contexts(self) -> List[CodeContext]:
+        return _loop.run(self._sb.list_code_contexts())
+
+    def restart_code_context(self, context: ContextRef) -> None:
+        _loop.run(self._sb.restart_code_context(context))
+
+    def remove_code_context(self, context: ContextRef) -> None:
+        _loop.run(self._sb.remove_code_context(context))
 
     def __enter__(self) -> Sandbox:
         return self

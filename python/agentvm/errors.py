@@ -46,8 +46,9 @@ class AgentError(AgentvmError):
     """The guest agent (or the episode's check of a request) refused or could not do a call:
     ``not_found``, ``spawn_failed``, ``io``, ``bad_field``, ``missing_field``, ``unknown_op``,
     ``bad_json``, ``line_too_long``, ``internal``; of processes ``exists`` (a running one has the
-    tag), ``limit`` (too many processes, attachments or unread stdin) and ``stdin_closed``. The
-    sandbox goes on."""
+    tag), ``limit`` (too many processes, attachments or unread stdin) and ``stdin_closed``; of
+    files ``exists`` (``make_dir``: something else in the way), ``not_empty`` and ``limit`` (too
+    many watches, or a tree too big to watch). The sandbox goes on."""
 
 
 class NotFound(AgentError):

@@ -2,11 +2,12 @@
 from __future__ import annotations
 
 import base64
+import posixpath
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional
 
 __all__ = ["CommandResult", "Execution", "ExecutionError", "FileInfo", "EntryInfo", "ProcessResult",
-           "ProcessInfo", "byte_field"]
+           "ProcessInfo", "FilesystemEvent", "CodeContext", "byte_field"]
 
 
 def byte_field(msg: Mapping[str, Any], name: str) -> Optional[bytes]:
@@ -106,8 +107,13 @@ class Execution(_Output):
     """The answer of a ``run_code`` cell (docs/protocol.md, "run_code").
 
     ``result`` is ``repr()`` of the cell's last expression (None when it has none or it is
-    None); ``state_lost`` is true when the interpreter ended during the cell (the next cell
-    starts a fresh one). ``duration`` is in seconds."""
+    None); ``formats`` the rich forms of that value by MIME type, as the protocol gives them
+    (a str; base64 for binary ones such as ``image/png``; a JSON value for JSON types), and
+    ``formats_truncated`` the MIME types dropped for a bound; ``displays`` the forms of each
+    ``display()`` the cell made, in order (``displays_dropped`` counts those dropped past the
+    agent's bounds). ``state_lost`` is true when the interpreter ended during the cell (the
+    next cell starts a fresh one). ``exit_code`` is a bash cell's status (None for Python, or
+    when the shell was killed). ``duration`` is in seconds."""
 
     result: Optional[str]
     stdout_bytes: bytes = field(repr=False)
@@ -120,6 +126,11 @@ class Execution(_Output):
     stdout_truncated: bool = False
     stderr_truncated: bool = False
     cancelled: bool = False
+    formats: Dict[str, Any] = field(default_factory=dict, repr=False)
+    formats_truncated: List[str] = field(default_factory=list)
+    displays: List[Dict[str, Any]] = field(default_factory=list, repr=False)
+    displays_dropped: int = 0
+    exit_code: Optional[int] = None
 
     @property
     def error(self) -> Optional[ExecutionError]:
@@ -133,7 +144,10 @@ class Execution(_Output):
 
     @classmethod
     def from_response(cls, msg: Mapping[str, Any], stdout: Optional[bytes] = None,
-                      stderr: Optional[bytes] = None) -> "Execution":
+                      stderr: Optional[bytes] = None,
+                      displays: Optional[List[Dict[str, Any]]] = None) -> "Execution":
+        """From a response line; ``stdout``/``stderr`` as for :class:`CommandResult`,
+        ``displays`` the forms of the cell's ``display`` events."""
         if stdout is None:
             stdout = byte_field(msg, "stdout") or b""
         if stderr is None:
@@ -156,31 +170,65 @@ class Execution(_Output):
             stdout_truncated=bool(msg.get("stdout_truncated", False)),
             stderr_truncated=bool(msg.get("stderr_truncated", False)),
             cancelled=bool(msg.get("cancelled", False)),
+            formats=dict(msg.get("formats") or {}),
+            formats_truncated=[str(t) for t in msg.get("formats_truncated") or []],
+            displays=list(displays or []),
+            displays_dropped=int(msg.get("displays_dropped") or 0),
+            exit_code=msg.get("exit_code"),
         )
+
+
+def _text_field(msg: Mapping[str, Any], name: str) -> Optional[str]:
+    raw = byte_field(msg, name)
+    return None if raw is None else raw.decode("utf-8", errors="replace")
 
 
 @dataclass(frozen=True)
 class FileInfo:
-    """``files.info``: what ``stat`` says of a path (symbolic links followed). ``type`` is
-    ``file``, ``dir``, ``fifo``, ``socket``, ``char`` or ``block``; ``mode`` the permission
-    bits as an int (``0o644``); ``mtime`` seconds since the epoch."""
+    """``files.info``: what ``stat`` says of a path (symbolic links followed), also what
+    ``files.rename`` says of where it moved to (a symlink described, not followed). ``path``
+    is absolute (relative paths taken from the agent's working directory), ``name`` its last
+    component. ``type`` is ``file``, ``dir``, ``fifo``, ``socket``, ``char`` or ``block`` (or
+    ``symlink`` from ``rename``); ``mode`` the permission bits as an int (``0o644``);
+    ``mtime`` seconds since the epoch; ``uid``/``gid`` the owner's numbers, ``owner``/``group``
+    their names in the guest (the number as a str when it has none); ``symlink_target`` what
+    ``path`` points to when it is a symbolic link (unresolved), else None. Names that are not
+    UTF-8 are decoded with ``errors="replace"``."""
 
     path: str
     type: str
     size: int
     mode: int
     mtime: float
+    name: str = ""
+    uid: int = 0
+    gid: int = 0
+    owner: str = ""
+    group: str = ""
+    symlink_target: Optional[str] = None
 
     @property
     def is_dir(self) -> bool:
         return self.type == "dir"
 
+    @classmethod
+    def from_response(cls, msg: Mapping[str, Any], path: str = "") -> "FileInfo":
+        """From a ``stat`` response or a ``move`` response's ``entry``; ``path`` when the
+        message has none."""
+        return cls(path=_text_field(msg, "path") or path, type=str(msg.get("type")), size=int(msg.get("size", 0)),
+                   mode=int(str(msg.get("mode", "0")), 8), mtime=float(msg.get("mtime", 0.0)),
+                   name=_text_field(msg, "name") or "", uid=int(msg.get("uid", 0)), gid=int(msg.get("gid", 0)),
+                   owner=str(msg.get("owner", "")), group=str(msg.get("group", "")),
+                   symlink_target=_text_field(msg, "symlink_target"))
+
 
 @dataclass(frozen=True)
 class EntryInfo:
     """One entry of ``files.list`` (symbolic links not followed: ``type`` may be
-    ``symlink``). ``name_bytes`` is the raw name; ``name`` it decoded with
-    ``errors="replace"``."""
+    ``symlink``, with its ``symlink_target``). ``name`` is relative to the listed directory
+    (``sub/file`` below the first level of a ``depth`` > 1 listing), ``path`` absolute;
+    ``name_bytes`` is the raw name, ``name`` it decoded with ``errors="replace"``. The other
+    fields are :class:`FileInfo`'s."""
 
     name: str
     path: str
@@ -188,10 +236,66 @@ class EntryInfo:
     size: int
     mode: int
     name_bytes: bytes = field(repr=False, default=b"")
+    mtime: float = 0.0
+    uid: int = 0
+    gid: int = 0
+    owner: str = ""
+    group: str = ""
+    symlink_target: Optional[str] = None
 
     @property
     def is_dir(self) -> bool:
         return self.type == "dir"
+
+    @classmethod
+    def from_response(cls, entry: Mapping[str, Any], listed: str) -> "EntryInfo":
+        """From an entry of ``list_dir``'s ``entries``; ``listed`` is the listed directory
+        (its ``path`` is joined from it when the entry has none)."""
+        raw = byte_field(entry, "name") or b""
+        name = raw.decode("utf-8", errors="replace")
+        return cls(name=name, path=_text_field(entry, "path") or posixpath.join(listed, name),
+                   type=str(entry.get("type")), size=int(entry.get("size", 0)),
+                   mode=int(str(entry.get("mode", "0")), 8), name_bytes=raw, mtime=float(entry.get("mtime", 0.0)),
+                   uid=int(entry.get("uid", 0)), gid=int(entry.get("gid", 0)), owner=str(entry.get("owner", "")),
+                   group=str(entry.get("group", "")), symlink_target=_text_field(entry, "symlink_target"))
+
+
+@dataclass(frozen=True)
+class FilesystemEvent:
+    """A change a watch saw (``files.watch_dir``; docs/protocol.md, "watch"): ``name`` is the
+    path relative to the watched directory (``name_bytes`` raw), ``type`` one of ``create``
+    (made, or moved in), ``write`` (a file written to was closed), ``remove`` (deleted, or
+    moved out: a rename is a ``remove`` and a ``create``), ``chmod`` (mode, owner, times), or
+    ``overflow``: changes were lost (the kernel's queue overflowed, the watched tree outgrew the
+    watch's bounds, or the watch was suspended for a fork), ``name`` empty; list the tree again
+    to know where it stands."""
+
+    name: str
+    type: str
+    name_bytes: bytes = field(repr=False, default=b"")
+
+    @property
+    def is_overflow(self) -> bool:
+        return self.type == "overflow"
+
+
+@dataclass(frozen=True)
+class CodeContext:
+    """A ``run_code`` context (docs/protocol.md, "create_context"): a persistent interpreter of
+    its own, named ``id`` (``default``, ``default-bash``, ``ctx-N``), for ``language``
+    ``python`` or ``bash``, started in ``cwd`` at its first cell. ``running`` says whether its
+    interpreter is up (False for a new one: it starts at its first cell)."""
+
+    id: str
+    language: str
+    cwd: str
+    running: bool = False
+
+    @classmethod
+    def from_response(cls, msg: Mapping[str, Any]) -> "CodeContext":
+        """From ``create_context``'s response or an entry of ``list_contexts``."""
+        return cls(id=str(msg.get("context", "")), language=str(msg.get("language", "")),
+                   cwd=str(msg.get("cwd", "")), running=bool(msg.get("running", False)))
 
 
 @dataclass(frozen=True)

@@ -2,8 +2,9 @@
 blocking, run on the package's one background event-loop thread).
 
 The names of this module, where they have always been importable from; they live in
-_lifecycle.py (AsyncSandbox), _commands.py, _files.py and _sync.py (the blocking API), over
-the transports of _episode.py (embedded) and _http.py (service).
+_lifecycle.py (AsyncSandbox), _commands.py, _files.py (with _watch.py), _contexts.py and
+_sync.py (the blocking API), over the transports of _episode.py (embedded) and _http.py
+(service).
 """
 from __future__ import annotations
 
@@ -25,8 +26,10 @@ from ._sync import Process as Process
 from ._sync import ProcessCommands as ProcessCommands
 from ._sync import Pty as Pty
 from ._sync import Sandbox as Sandbox
+from ._sync import WatchHandle as WatchHandle
 from ._validate import MAX_FORK_COUNT as MAX_FORK_COUNT
+from ._watch import AsyncWatchHandle as AsyncWatchHandle
 from ._validate import MAX_SANDBOX_TIMEOUT as MAX_SANDBOX_TIMEOUT
 
 __all__ = ["AsyncSandbox", "Sandbox", "AsyncCommandHandle", "CommandHandle", "EntryList", "AsyncProcess", "Process",
-           "AsyncPty", "Pty"]
+           "AsyncPty", "Pty", "AsyncWatchHandle", "WatchHandle"]

@@ -508,8 +508,12 @@ def code_cancel_file_info():
            and listed["truncated"] is False, f"list: {listed}")
     one = ok_json("GET", f"/v1/sandboxes/{sid}/files/list?path=/tmp/info&max_entries=1")
     expect(len(one["entries"]) == 1 and one["truncated"] is True, f"list max_entries=1: {one}")
+    deep = ok_json("GET", f"/v1/sandboxes/{sid}/files/list?path=/tmp&depth=2")
+    expect({"info/a.txt", "info/sub"} <= {e["name"] for e in deep["entries"]}, f"list depth=2: {deep}")
     for path, code, error in (("files/stat?path=/nope", 422, "not_found"), ("files/list?path=/nope", 422, "not_found"),
                               ("files/list?path=/tmp&max_entries=0", 400, "bad_field"),
+                              ("files/list?path=/tmp&depth=0", 400, "bad_field"),
+                              ("files/list?path=/tmp&depth=65", 400, "bad_field"),
                               ("files/stat", 400, "missing_field")):
         status, _, data = request("GET", f"/v1/sandboxes/{sid}/{path}")
         expect(status == code and json_error(data) == error, f"{path}: {status} {data!r}")
