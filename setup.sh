@@ -207,17 +207,27 @@ bake_default_snapshot() {
     say "default snapshot $snapshot is current"
     return
   fi
-  local where="on this host's KVM"
+  local where="on this host's KVM" console=build/meson-logs/bake-console.log attempt
   hardware_kvm || where="in the emulated test host, slow"
-  rm -rf "$snapshot" "$snapshot.key" "$snapshot".partial-*
-  # Quiet until it is done (the guest boots and settles), hence the heartbeat.
-  if step "baking the default snapshot ($snapshot, $where)" \
-      agentvm_where_guests_boot --log-level warn snapshot bake --out "$snapshot" --boot-timeout 300 >&2; then
-    echo "$key" >"$snapshot.key"
-  else
-    rm -rf "$snapshot"
-    say "WARNING: baking the default snapshot failed (above); agentvm run and episode will boot cold"
-  fi
+  rm -rf "$snapshot.key"
+  # Twice at most: a bake that failed once for want of a guest (seen once in CI: the agent never
+  # answered within the boot timeout, a second bake of the same image took 40 s) would leave
+  # every later test to boot cold. The guest's console says why it failed.
+  for attempt in 1 2; do
+    rm -rf "$snapshot" "$snapshot".partial-*
+    # Quiet until it is done (the guest boots and settles), hence the heartbeat. An agent
+    # answers in about 10 s under emulation; 120 s leaves room for a loaded host.
+    if step "baking the default snapshot ($snapshot, $where, try $attempt)" \
+        agentvm_where_guests_boot --log-level warn snapshot bake --out "$snapshot" --boot-timeout 120 \
+        --console "$console" >&2; then
+      echo "$key" >"$snapshot.key"
+      return
+    fi
+    say "the bake's guest console ($console) ended with:"
+    tail -n 20 "$console" >&2
+  done
+  rm -rf "$snapshot"
+  say "WARNING: baking the default snapshot failed twice (above); agentvm run and episode will boot cold"
 }
 
 install_missing_packages
