@@ -247,6 +247,18 @@ private:
     int next_id_ = 0;
 };
 
+// An image's user file (the agent's --user-file) with `text`, in a directory of its own.
+struct UserFile {
+    std::string path;
+    explicit UserFile(const std::string& text)
+    {
+        path = make_temp_dir();
+        std::ofstream(path + "/user") << text;
+    }
+    ~UserFile() { std::filesystem::remove_all(path); }
+    std::string file() const { return path + "/user"; }
+};
+
 inline std::string bytes_of(const Json& response, const std::string& name)
 {
     std::optional<std::string> bytes = get_bytes(response, name);

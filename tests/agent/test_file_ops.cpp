@@ -210,17 +210,6 @@ struct TmpfsMount {
     ~TmpfsMount() { ::umount2(path.c_str(), MNT_DETACH); }
 };
 
-struct UserFile {
-    std::string path;
-    explicit UserFile(const std::string& text)
-    {
-        path = make_temp_dir();
-        std::ofstream(path + "/user") << text;
-    }
-    ~UserFile() { std::filesystem::remove_all(path); }
-    std::string file() const { return path + "/user"; }
-};
-
 TEST_CASE("make_dir makes the missing parents with exactly the mode asked and says whether it made the directory")
 {
     Agent agent;

@@ -8,17 +8,6 @@ using namespace agentvm::agent_test;
 
 namespace {
 
-struct UserFile {
-    std::string path;
-    explicit UserFile(const std::string& text)
-    {
-        path = make_temp_dir();
-        std::ofstream(path + "/user") << text;
-    }
-    ~UserFile() { std::filesystem::remove_all(path); }
-    std::string file() const { return path + "/user"; }
-};
-
 std::string out(const Json& answer)
 {
     REQUIRE_MESSAGE(!answer.contains("error"), answer.dump());
