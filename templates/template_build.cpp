@@ -57,7 +57,9 @@ std::string tree_digest(const std::filesystem::path& root)
         std::string target;
         if (S_ISLNK(st.st_mode))
             target = std::filesystem::read_symlink(path).string();
-        entries.push_back(fmt::format("{}\0{:o}\0{}:{}\0{}\0{}.{}\0{}", std::filesystem::relative(path, root).string(),
+        // Lexically: relative() would resolve the tree's symlinks on the host (a Debian tree's
+        // /dev/stderr leads to /proc/self/fd/2) and fail on one that leads nowhere here.
+        entries.push_back(fmt::format("{}\0{:o}\0{}:{}\0{}\0{}.{}\0{}", path.lexically_relative(root).string(),
                                       st.st_mode, st.st_uid, st.st_gid, st.st_size, st.st_mtim.tv_sec,
                                       st.st_mtim.tv_nsec, target));
     };

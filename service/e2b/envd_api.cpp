@@ -149,7 +149,7 @@ HttpServer::Admission EnvdApi::admit_health(HttpExchange& head, const std::strin
     admission.errors = &e2b_http_errors();
     if (head.method() != "GET")
         admission.refusal = Refusal{ServiceError::method_not_allowed, "/health takes GET", std::nullopt};
-    else if (!routed_sandbox(manager_, head))
+    else if (!routed_sandbox(manager_, sandbox_id))
         admission.refusal = sandbox_not_running(manager_, sandbox_id);
     admission.handler = [](const std::shared_ptr<HttpExchange>& exchange) { exchange->respond(204, ""); };
     return admission;
@@ -172,7 +172,7 @@ HttpServer::Admission EnvdApi::admit(HttpExchange& head, const std::string& sand
                                     std::nullopt};
         return admission;
     }
-    if (!routed_sandbox(manager_, head)) {
+    if (!routed_sandbox(manager_, sandbox_id)) {
         admission.refusal = sandbox_not_running(manager_, sandbox_id);
         return admission;
     }
@@ -204,7 +204,7 @@ void EnvdApi::handle_rpc(const std::shared_ptr<HttpExchange>& exchange, const En
                               fmt::format("{} takes Content-Type {}, not \"{}\" (JSON is the one codec served)",
                                           rpc->path, rpc->streams ? connect_stream_type : connect_unary_type,
                                           content_type)});
-    std::shared_ptr<Sandbox> sandbox = routed_sandbox(manager_, *exchange);
+    std::shared_ptr<Sandbox> sandbox = routed_sandbox(manager_, sandbox_id);
     if (!sandbox)
         return exchange->refuse(sandbox_not_running(manager_, sandbox_id));
     RpcCall call{exchange, sandbox, &manager_.loop(), Json::object(), std::nullopt, std::nullopt,

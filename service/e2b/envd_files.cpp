@@ -96,7 +96,7 @@ HttpServer::Admission EnvdFiles::admit(HttpExchange& head, const std::string& sa
     access.operation = read ? "read" : "write";
     if (std::optional<std::string> why = file_access_refusal(tokens_, sandbox_id, access, unix_now()))
         return refused(std::move(admission), ServiceError::unauthorized, std::move(*why));
-    if (!routed_sandbox(manager_, head)) {
+    if (!routed_sandbox(manager_, sandbox_id)) {
         admission.refusal = sandbox_not_running(manager_, sandbox_id);
         return admission;
     }
@@ -110,7 +110,7 @@ HttpServer::Admission EnvdFiles::admit(HttpExchange& head, const std::string& sa
             refuse_upload(exchange, std::move(refusal));
         };
         try {
-            std::shared_ptr<Sandbox> sandbox = routed_sandbox(manager_, *exchange);
+            std::shared_ptr<Sandbox> sandbox = routed_sandbox(manager_, sandbox_id);
             if (!sandbox)
                 return refuse(sandbox_not_running(manager_, sandbox_id));
             if (read)

@@ -93,7 +93,7 @@ HttpServer::Admission InterpreterApi::admit(HttpExchange& head, const std::strin
                                     std::nullopt};
         return admission;
     }
-    if (!routed_sandbox(manager_, head)) {
+    if (!routed_sandbox(manager_, sandbox_id)) {
         admission.refusal = sandbox_not_running(manager_, sandbox_id);
         return admission;
     }
@@ -111,7 +111,7 @@ HttpServer::Admission InterpreterApi::admit(HttpExchange& head, const std::strin
 
 void InterpreterApi::handle(const std::shared_ptr<HttpExchange>& exchange, const std::string& sandbox_id)
 {
-    std::shared_ptr<Sandbox> sandbox = routed_sandbox(manager_, *exchange);
+    std::shared_ptr<Sandbox> sandbox = routed_sandbox(manager_, sandbox_id);
     if (!sandbox)
         return exchange->refuse(sandbox_not_running(manager_, sandbox_id));
     const std::string& path = exchange->path();

@@ -223,7 +223,9 @@ Json result_line(const Json& formats, bool is_main_result, const std::optional<s
         line["text"] = shown_text(*text);
     if (!formats.is_object())
         return line;
-    for (const auto& [mime, value] : formats.items()) {
+    for (const auto& item : formats.items()) {
+        const std::string& mime = item.key();
+        const Json& value = item.value();
         const auto known = std::find_if(form_keys.begin(), form_keys.end(),
                                         [&](const auto& entry) { return entry.first == mime; });
         if (known != form_keys.end()) {

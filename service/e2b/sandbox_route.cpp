@@ -4,12 +4,9 @@
 
 namespace agentvm {
 
-std::shared_ptr<Sandbox> routed_sandbox(SandboxManager& manager, const HttpExchange& exchange)
+std::shared_ptr<Sandbox> routed_sandbox(SandboxManager& manager, const std::string& sandbox_id)
 {
-    const std::optional<std::string> id = exchange.header(sandbox_id_header);
-    if (!id)
-        return nullptr;
-    std::shared_ptr<Sandbox> sandbox = manager.find(*id);
+    std::shared_ptr<Sandbox> sandbox = manager.find(sandbox_id);
     if (!sandbox || sandbox->stopping())
         return nullptr;
     return sandbox;

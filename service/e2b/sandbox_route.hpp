@@ -16,8 +16,9 @@ inline constexpr const char* sandbox_port_header = "E2b-Sandbox-Port";
 inline constexpr int envd_port = 49983;
 inline constexpr int interpreter_port = 49999;
 
-// The running sandbox the request is for, or nullptr (none, paused, ended, stopping).
-std::shared_ptr<Sandbox> routed_sandbox(SandboxManager& manager, const HttpExchange& exchange);
+// The running sandbox `sandbox_id` (from the request's E2b-Sandbox-Id, or the sandbox that
+// signed its URL), or nullptr (none, paused, ended, stopping).
+std::shared_ptr<Sandbox> routed_sandbox(SandboxManager& manager, const std::string& sandbox_id);
 
 // The refusal for a request whose sandbox is not running, naming why.
 Refusal sandbox_not_running(SandboxManager& manager, const std::string& sandbox_id);
