@@ -203,6 +203,37 @@ describe('hostile', () => {
     await stillAnswers();
   });
 
+  test('an idle stream gets keepalives at Keepalive-Ping-Interval; Connect-Timeout-Ms ends a process', { timeout: testTimeoutMs }, async () => {
+    const idle = await rpc(sbx, '/process.Process/Start',
+      envelope({ process: { cmd: '/bin/bash', args: ['-c', 'sleep 3.5; echo done'], envs: {} }, stdin: false }),
+      { contentType: 'application/connect+json', headers: { 'Keepalive-Ping-Interval': '1' } });
+    assert.equal(idle.status, 200, String(idle.body));
+    const fs = frames(idle.body);
+    assert.ok(fs[0].json.event?.start, `the first frame is start: ${JSON.stringify(fs[0])}`);
+    const keepalives = fs.filter((f) => f.json.event?.keepalive).length;
+    assert.ok(keepalives >= 2, `${keepalives} keepalives in 3.5 s at a 1 s interval: ${JSON.stringify(fs)}`);
+    const end = fs.find((f) => f.json.event?.end)?.json.event.end;
+    assert.ok(end && end.exited && (end.exitCode ?? 0) === 0, `a clean exit: ${JSON.stringify(fs)}`);
+    const out = fs.map((f) => f.json.event?.data?.stdout).filter(Boolean)
+      .map((b) => Buffer.from(b, 'base64').toString()).join('');
+    assert.equal(out, 'done\n');
+    assert.deepEqual(fs.at(-1), { flags: 2, json: {} }, 'a clean end of stream');
+
+    const t0 = Date.now();
+    const bounded = await rpc(sbx, '/process.Process/Start',
+      envelope({ process: { cmd: '/bin/bash', args: ['-c', 'sleep 60'], envs: {} }, stdin: false }),
+      { contentType: 'application/connect+json', headers: { 'Connect-Timeout-Ms': '2000' } });
+    const took = Date.now() - t0;
+    assert.equal(bounded.status, 200, String(bounded.body));
+    const ends = frames(bounded.body);
+    const pid = ends[0].json.event?.start?.pid;
+    assert.ok(Number.isInteger(pid), JSON.stringify(ends[0]));
+    assert.equal(ends.at(-1).flags, 2, 'an end-of-stream frame');
+    assert.ok(took < 30_000, `a 2 s Connect-Timeout-Ms took ${took} ms to end the stream`);
+    const listed = JSON.parse((await rpc(sbx, '/process.Process/List', '{}')).body.toString()).processes ?? [];
+    assert.ok(!listed.some((p) => p.pid === pid), `the process ${pid} outlived its Connect-Timeout-Ms`);
+  });
+
   test('wrong, missing and foreign access tokens are unauthenticated', { timeout: testTimeoutMs }, async () => {
     const stat = JSON.stringify({ path: '/' });
     unaryError(await rpc({ ...sbx, token: 'x'.repeat(64) }, '/filesystem.Filesystem/Stat', stat), 401, ['unauthenticated']);

@@ -207,7 +207,8 @@ std::string file_part(const std::string& name, const std::string& filename, cons
 TEST_CASE("a multipart body's parts, as undici's FormData sends them, whole and cut anywhere")
 {
     // Bytes that look like a boundary's start, and a NUL, are a file's like any others.
-    const std::string tricky("line\r\n--not the boundary\r\n\0end", 32);
+    using namespace std::string_literals;  // "..."s keeps the NUL and what follows it
+    const std::string tricky = "line\r\n--not the boundary\r\n\0end"s;
     const std::string body = file_part("file", "/home/user/a.txt", "hello") + file_part("file", "/tmp/empty", "")
                              + "--" + boundary + "\r\nContent-Disposition: form-data; name=\"note\"\r\n\r\nhi\r\n"
                              + file_part("file", "b.bin", tricky) + "--" + boundary + "--\r\n";
