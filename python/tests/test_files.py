@@ -1,4 +1,4 @@
-"""files: write/read (bytes, str, file objects, 64 MiB both ways), streaming, info, exists, list."""
+"""files: write/read (bytes, str, file objects, a big file both ways), streaming, info, exists, list."""
 from __future__ import annotations
 
 import hashlib
@@ -11,7 +11,10 @@ import pytest
 from agentvm import AgentError, AsyncSandbox, NotFound, Sandbox
 from conftest import run_async, tmp_root
 
-BIG = 64 << 20
+# 64 MiB on hardware KVM; 16 MiB (still four of the client's 4 MiB chunks) inside the emulated
+# test host, where 64 MiB took over 4 minutes of the tier: serve's own check moves 64 MiB both
+# ways there (tests/service/serve_check.py, big_file_both_ways).
+BIG = (16 if os.environ.get("AGENTVM_IN_TESTHOST") else 64) << 20
 
 
 def test_write_read_small(sandbox: Sandbox) -> None:
@@ -67,7 +70,7 @@ def test_missing_paths_are_errors(sandbox: Sandbox) -> None:
     assert e.value.code == "io"
 
 
-def test_64_mib_both_ways(sandbox: Sandbox) -> None:
+def test_big_file_both_ways(sandbox: Sandbox) -> None:
     """Up from a file object (4 MiB chunks), down whole; the guest's sha256 agrees."""
     with tempfile.TemporaryDirectory(dir=tmp_root()) as d:
         src = os.path.join(d, "src.bin")
