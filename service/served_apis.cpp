@@ -3,9 +3,8 @@
 namespace agentvm {
 
 ServedApis::ServedApis(SandboxManager& manager, const std::optional<std::string>& token)
-    : e2b_(manager, token), fusion_(manager, token), native_(manager, token)
+    : fusion_(manager, token), native_(manager, token)
 {
-    router_.add(e2b_);
     router_.add(fusion_);
     router_.add(native_);
 }

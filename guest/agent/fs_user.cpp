@@ -9,7 +9,6 @@
 #include <cstring>
 #include <string>
 
-#include "guest/agent/accounts.hpp"
 #include "guest/agent/run_as.hpp"
 #include "protocol/agent_protocol.hpp"
 
@@ -33,21 +32,15 @@ long fsgid_now()
 
 [[noreturn]] void refuse(const char* step)
 {
-    throw CallError("internal", std::string("taking on the user's file credentials: ") + step + ": "
+    throw CallError("internal", std::string("taking on the image user's file credentials: ") + step + ": "
                                     + std::strerror(errno));
 }
 
 } // namespace
 
-std::optional<ImageUser> file_call_user(const std::optional<std::string>& name)
+ImageUserFiles::ImageUserFiles()
 {
-    if (name)
-        return find_user(*name).ids;
-    return run_as();
-}
-
-UserFiles::UserFiles(const std::optional<ImageUser>& user)
-{
+    const std::optional<ImageUser>& user = run_as();
     if (!user)
         return;
     const long count = ::syscall(SYS_getgroups, 0, nullptr);
@@ -59,8 +52,9 @@ UserFiles::UserFiles(const std::optional<ImageUser>& user)
     saved_fsuid_ = static_cast<uid_t>(fsuid_now());
     saved_fsgid_ = static_cast<gid_t>(fsgid_now());
 
+    const std::vector<gid_t> groups(user->groups.begin(), user->groups.end());
     // Groups, gid, then uid: a failure part way leaves only what restore() undoes.
-    if (::syscall(SYS_setgroups, user->groups.size(), user->groups.data()) != 0)
+    if (::syscall(SYS_setgroups, groups.size(), groups.data()) != 0)
         refuse("setgroups");
     switched_ = true;
     ::syscall(SYS_setfsgid, user->gid);
@@ -77,13 +71,13 @@ UserFiles::UserFiles(const std::optional<ImageUser>& user)
     }
 }
 
-UserFiles::~UserFiles()
+ImageUserFiles::~ImageUserFiles()
 {
     if (switched_)
         restore();
 }
 
-void UserFiles::restore() noexcept
+void ImageUserFiles::restore() noexcept
 {
     // The uid first: back to root it brings the file capabilities back.
     ::syscall(SYS_setfsuid, saved_fsuid_);
