@@ -9,23 +9,14 @@
 #include "protocol/line_framer.hpp"
 #include "guest/agent/listen_address.hpp"
 #include "protocol/agent_protocol.hpp"
+#include "tests/support/request_errors.hpp"
 #include "protocol/utf8.hpp"
 #include "common/error.hpp"
 
 using namespace agentvm;
+using namespace agentvm::test;
 
 namespace {
-
-// The error a line gets, as code; "" when it parses.
-std::string error_code_of(const std::string& line)
-{
-    try {
-        parse_request(line);
-        return "";
-    } catch (const RequestError& e) {
-        return e.error.code();
-    }
-}
 
 Json id_of_error(const std::string& line)
 {
@@ -177,7 +168,7 @@ TEST_CASE("exec requests parse with defaults and every option")
     CHECK(std::get<ExecRequest>(only.op).stream);
     CHECK_FALSE(std::get<ExecRequest>(only.op).output_in_response);
     for (const char* bad : {R"("yes")", "1", R"("")", R"(["only"])"})
-        CHECK(error_code_of(std::string(R"({"id":1,"op":"exec","argv":["true"],"stream":)") + bad + "}")
+        CHECK(request_error_code(std::string(R"({"id":1,"op":"exec","argv":["true"],"stream":)") + bad + "}")
               == "bad_field");
 }
 
@@ -192,11 +183,11 @@ TEST_CASE("shell requests parse")
     CHECK(shell.output_in_response);
     CHECK_FALSE(std::get<ShellRequest>(parse_request(R"({"id":1,"op":"shell","cmd":"ls","stream":"only"})").op)
                     .output_in_response);
-    CHECK(error_code_of(R"({"id":1,"op":"shell"})") == "missing_field");
-    CHECK(error_code_of(R"({"id":1,"op":"shell","cmd":["ls"]})") == "bad_field");
-    CHECK(error_code_of(R"({"id":1,"op":"shell","cmd":"a\u0000b"})") == "bad_field");
-    CHECK(error_code_of(R"({"id":1,"op":"shell","cmd":"cat","stdin":"x"})") == "bad_field");
-    CHECK(error_code_of(R"({"id":1,"op":"shell","cmd":"ls","timeout":0})") == "bad_field");
+    CHECK(request_error_code(R"({"id":1,"op":"shell"})") == "missing_field");
+    CHECK(request_error_code(R"({"id":1,"op":"shell","cmd":["ls"]})") == "bad_field");
+    CHECK(request_error_code(R"({"id":1,"op":"shell","cmd":"a\u0000b"})") == "bad_field");
+    CHECK(request_error_code(R"({"id":1,"op":"shell","cmd":"cat","stdin":"x"})") == "bad_field");
+    CHECK(request_error_code(R"({"id":1,"op":"shell","cmd":"ls","timeout":0})") == "bad_field");
 }
 
 TEST_CASE("file and close requests parse")
@@ -227,72 +218,72 @@ TEST_CASE("run_code, stat, list_dir and cancel requests parse")
     CHECK_FALSE(run.output_in_response);
     CHECK(std::get<RunCodeRequest>(parse_request(R"({"id":1,"op":"run_code","code":""})").op).max_output
           == default_max_output);
-    CHECK(error_code_of(R"({"id":1,"op":"run_code"})") == "missing_field");
-    CHECK(error_code_of(R"({"id":1,"op":"run_code","code":3})") == "bad_field");
-    CHECK(error_code_of(R"({"id":1,"op":"run_code","code":"a\u0000b"})") == "bad_field");
-    CHECK(error_code_of(R"({"id":1,"op":"run_code","code":"1","language":"ruby"})") == "bad_field");
-    CHECK(error_code_of(R"({"id":1,"op":"run_code","code":"1","timeout":0})") == "bad_field");
+    CHECK(request_error_code(R"({"id":1,"op":"run_code"})") == "missing_field");
+    CHECK(request_error_code(R"({"id":1,"op":"run_code","code":3})") == "bad_field");
+    CHECK(request_error_code(R"({"id":1,"op":"run_code","code":"a\u0000b"})") == "bad_field");
+    CHECK(request_error_code(R"({"id":1,"op":"run_code","code":"1","language":"ruby"})") == "bad_field");
+    CHECK(request_error_code(R"({"id":1,"op":"run_code","code":"1","timeout":0})") == "bad_field");
 
     CHECK(std::get<StatRequest>(parse_request(R"({"id":2,"op":"stat","path":"/etc"})").op).path == "/etc");
-    CHECK(error_code_of(R"({"id":2,"op":"stat"})") == "missing_field");
+    CHECK(request_error_code(R"({"id":2,"op":"stat"})") == "missing_field");
 
     auto list = std::get<ListDirRequest>(parse_request(R"({"id":3,"op":"list_dir","path":"/","max_entries":100000})").op);
     CHECK(list.path == "/");
     CHECK(list.max_entries == max_list_entries);
     CHECK(std::get<ListDirRequest>(parse_request(R"({"id":3,"op":"list_dir","path":"/"})").op).max_entries
           == default_list_entries);
-    CHECK(error_code_of(R"({"id":3,"op":"list_dir","path":"/","max_entries":0})") == "bad_field");
-    CHECK(error_code_of(R"({"id":3,"op":"list_dir","path":"/","max_entries":100001})") == "bad_field");
-    CHECK(error_code_of(R"({"id":3,"op":"list_dir","path":"/","max_entries":"5"})") == "bad_field");
+    CHECK(request_error_code(R"({"id":3,"op":"list_dir","path":"/","max_entries":0})") == "bad_field");
+    CHECK(request_error_code(R"({"id":3,"op":"list_dir","path":"/","max_entries":100001})") == "bad_field");
+    CHECK(request_error_code(R"({"id":3,"op":"list_dir","path":"/","max_entries":"5"})") == "bad_field");
 
     CHECK(std::get<CancelRequest>(parse_request(R"({"id":4,"op":"cancel","call":"up-1"})").op).call == "up-1");
     CHECK(std::get<CancelRequest>(parse_request(R"({"id":4,"op":"cancel","call":7})").op).call == 7);
-    CHECK(error_code_of(R"({"id":4,"op":"cancel"})") == "missing_field");
-    CHECK(error_code_of(R"({"id":4,"op":"cancel","call":[7]})") == "bad_field");
+    CHECK(request_error_code(R"({"id":4,"op":"cancel"})") == "missing_field");
+    CHECK(request_error_code(R"({"id":4,"op":"cancel","call":[7]})") == "bad_field");
 }
 
 TEST_CASE("malformed requests get the documented error codes")
 {
-    CHECK(error_code_of("") == "bad_json");
-    CHECK(error_code_of("not json") == "bad_json");
-    CHECK(error_code_of(R"({"id":1,"op":"exec")") == "bad_json");
-    CHECK(error_code_of("\"\xff\"") == "bad_json"); // invalid UTF-8 inside a string
-    CHECK(error_code_of("[1,2]") == "bad_json");
+    CHECK(request_error_code("") == "bad_json");
+    CHECK(request_error_code("not json") == "bad_json");
+    CHECK(request_error_code(R"({"id":1,"op":"exec")") == "bad_json");
+    CHECK(request_error_code("\"\xff\"") == "bad_json"); // invalid UTF-8 inside a string
+    CHECK(request_error_code("[1,2]") == "bad_json");
     // Beyond a double's range: nlohmann reports out_of_range, not parse_error (found by fuzzing).
-    CHECK(error_code_of(R"({"id":1,"op":"exec","argv":["true"],"timeout":1e999})") == "bad_json");
-    CHECK(error_code_of(R"({"op":"exec","argv":["x"]})") == "missing_field");
-    CHECK(error_code_of(R"({"id":[1],"op":"close"})") == "bad_field");
-    CHECK(error_code_of(R"({"id":1})") == "missing_field");
-    CHECK(error_code_of(R"({"id":1,"op":5})") == "bad_field");
-    CHECK(error_code_of(R"({"id":1,"op":"reboot"})") == "unknown_op");
-    CHECK(error_code_of(R"({"id":1,"op":"exec"})") == "missing_field");
-    CHECK(error_code_of(R"({"id":1,"op":"exec","argv":[]})") == "bad_field");
-    CHECK(error_code_of(R"({"id":1,"op":"exec","argv":"ls"})") == "bad_field");
-    CHECK(error_code_of(R"({"id":1,"op":"exec","argv":["ls",3]})") == "bad_field");
-    CHECK(error_code_of(R"({"id":1,"op":"exec","argv":[""]})") == "bad_field");
-    CHECK(error_code_of(R"({"id":1,"op":"exec","argv":["a\u0000b"]})") == "bad_field");
-    CHECK(error_code_of(R"({"id":1,"op":"exec","argv":["x"],"env":["A=1"]})") == "bad_field");
-    CHECK(error_code_of(R"({"id":1,"op":"exec","argv":["x"],"env":{"A=B":"1"}})") == "bad_field");
-    CHECK(error_code_of(R"({"id":1,"op":"exec","argv":["x"],"env":{"A":1}})") == "bad_field");
-    CHECK(error_code_of(R"({"id":1,"op":"exec","argv":["x"],"cwd":7})") == "bad_field");
-    CHECK(error_code_of(R"({"id":1,"op":"exec","argv":["x"],"timeout":0})") == "bad_field");
-    CHECK(error_code_of(R"({"id":1,"op":"exec","argv":["x"],"timeout":-1})") == "bad_field");
-    CHECK(error_code_of(R"({"id":1,"op":"exec","argv":["x"],"timeout":"5"})") == "bad_field");
+    CHECK(request_error_code(R"({"id":1,"op":"exec","argv":["true"],"timeout":1e999})") == "bad_json");
+    CHECK(request_error_code(R"({"op":"exec","argv":["x"]})") == "missing_field");
+    CHECK(request_error_code(R"({"id":[1],"op":"close"})") == "bad_field");
+    CHECK(request_error_code(R"({"id":1})") == "missing_field");
+    CHECK(request_error_code(R"({"id":1,"op":5})") == "bad_field");
+    CHECK(request_error_code(R"({"id":1,"op":"reboot"})") == "unknown_op");
+    CHECK(request_error_code(R"({"id":1,"op":"exec"})") == "missing_field");
+    CHECK(request_error_code(R"({"id":1,"op":"exec","argv":[]})") == "bad_field");
+    CHECK(request_error_code(R"({"id":1,"op":"exec","argv":"ls"})") == "bad_field");
+    CHECK(request_error_code(R"({"id":1,"op":"exec","argv":["ls",3]})") == "bad_field");
+    CHECK(request_error_code(R"({"id":1,"op":"exec","argv":[""]})") == "bad_field");
+    CHECK(request_error_code(R"({"id":1,"op":"exec","argv":["a\u0000b"]})") == "bad_field");
+    CHECK(request_error_code(R"({"id":1,"op":"exec","argv":["x"],"env":["A=1"]})") == "bad_field");
+    CHECK(request_error_code(R"({"id":1,"op":"exec","argv":["x"],"env":{"A=B":"1"}})") == "bad_field");
+    CHECK(request_error_code(R"({"id":1,"op":"exec","argv":["x"],"env":{"A":1}})") == "bad_field");
+    CHECK(request_error_code(R"({"id":1,"op":"exec","argv":["x"],"cwd":7})") == "bad_field");
+    CHECK(request_error_code(R"({"id":1,"op":"exec","argv":["x"],"timeout":0})") == "bad_field");
+    CHECK(request_error_code(R"({"id":1,"op":"exec","argv":["x"],"timeout":-1})") == "bad_field");
+    CHECK(request_error_code(R"({"id":1,"op":"exec","argv":["x"],"timeout":"5"})") == "bad_field");
     // A deadline in nanoseconds would overflow (found by fuzzing the host relay under UBSan).
-    CHECK(error_code_of(R"({"id":1,"op":"exec","argv":["x"],"timeout":1e300})") == "bad_field");
-    CHECK(error_code_of(R"({"id":1,"op":"exec","argv":["x"],"timeout":31536001})") == "bad_field");
+    CHECK(request_error_code(R"({"id":1,"op":"exec","argv":["x"],"timeout":1e300})") == "bad_field");
+    CHECK(request_error_code(R"({"id":1,"op":"exec","argv":["x"],"timeout":31536001})") == "bad_field");
     CHECK(std::holds_alternative<ExecRequest>(parse_request(R"({"id":1,"op":"exec","argv":["x"],"timeout":31536000})").op));
-    CHECK(error_code_of(R"({"id":1,"op":"exec","argv":["x"],"max_output":-1})") == "bad_field");
-    CHECK(error_code_of(R"({"id":1,"op":"exec","argv":["x"],"max_output":1.5})") == "bad_field");
-    CHECK(error_code_of(R"({"id":1,"op":"exec","argv":["x"],"stream":"yes"})") == "bad_field");
-    CHECK(error_code_of(R"({"id":1,"op":"exec","argv":["x"],"stdin":"a","stdin_b64":"YQ=="})") == "bad_field");
-    CHECK(error_code_of(R"({"id":1,"op":"write_file","data":"x"})") == "missing_field");
-    CHECK(error_code_of(R"({"id":1,"op":"write_file","path":"/f"})") == "missing_field");
-    CHECK(error_code_of(R"({"id":1,"op":"write_file","path":"/f","data_b64":"!!"})") == "bad_field");
-    CHECK(error_code_of(R"({"id":1,"op":"write_file","path":"/f","data":"","mode":"0999"})") == "bad_field");
-    CHECK(error_code_of(R"({"id":1,"op":"write_file","path":"/f","data":"","mode":"100644"})") == "bad_field");
-    CHECK(error_code_of(R"({"id":1,"op":"write_file","path":"/f","data":"","mode":420})") == "bad_field");
-    CHECK(error_code_of(R"({"id":1,"op":"read_file"})") == "missing_field");
+    CHECK(request_error_code(R"({"id":1,"op":"exec","argv":["x"],"max_output":-1})") == "bad_field");
+    CHECK(request_error_code(R"({"id":1,"op":"exec","argv":["x"],"max_output":1.5})") == "bad_field");
+    CHECK(request_error_code(R"({"id":1,"op":"exec","argv":["x"],"stream":"yes"})") == "bad_field");
+    CHECK(request_error_code(R"({"id":1,"op":"exec","argv":["x"],"stdin":"a","stdin_b64":"YQ=="})") == "bad_field");
+    CHECK(request_error_code(R"({"id":1,"op":"write_file","data":"x"})") == "missing_field");
+    CHECK(request_error_code(R"({"id":1,"op":"write_file","path":"/f"})") == "missing_field");
+    CHECK(request_error_code(R"({"id":1,"op":"write_file","path":"/f","data_b64":"!!"})") == "bad_field");
+    CHECK(request_error_code(R"({"id":1,"op":"write_file","path":"/f","data":"","mode":"0999"})") == "bad_field");
+    CHECK(request_error_code(R"({"id":1,"op":"write_file","path":"/f","data":"","mode":"100644"})") == "bad_field");
+    CHECK(request_error_code(R"({"id":1,"op":"write_file","path":"/f","data":"","mode":420})") == "bad_field");
+    CHECK(request_error_code(R"({"id":1,"op":"read_file"})") == "missing_field");
 }
 
 TEST_CASE("resume requests carry the host time and 16-512 bytes of entropy")
@@ -308,14 +299,14 @@ TEST_CASE("resume requests carry the host time and 16-512 bytes of entropy")
         R"({"id":"r","op":"resume","time_ns":1,"entropy":"0123456789abcdef","pids_max":64})");
     CHECK(std::get<ResumeRequest>(limited.op).pids_max == 64u);
     for (const char* bad : {"0", "4194305", "-1", "1.5", "\"64\"", "null"})
-        CHECK(error_code_of(std::string(R"({"id":1,"op":"resume","time_ns":1,"entropy":"0123456789abcdef","pids_max":)")
+        CHECK(request_error_code(std::string(R"({"id":1,"op":"resume","time_ns":1,"entropy":"0123456789abcdef","pids_max":)")
                             + bad + "}") == "bad_field");
-    CHECK(error_code_of(R"({"id":1,"op":"resume","entropy":"0123456789abcdef"})") == "missing_field");
-    CHECK(error_code_of(R"({"id":1,"op":"resume","time_ns":1})") == "missing_field");
-    CHECK(error_code_of(R"({"id":1,"op":"resume","time_ns":-1,"entropy":"0123456789abcdef"})") == "bad_field");
-    CHECK(error_code_of(R"({"id":1,"op":"resume","time_ns":1.5,"entropy":"0123456789abcdef"})") == "bad_field");
-    CHECK(error_code_of(R"({"id":1,"op":"resume","time_ns":1,"entropy":"short"})") == "bad_field");
-    CHECK(error_code_of(R"({"id":1,"op":"resume","time_ns":1,"entropy":")" + std::string(513, 'x') + "\"}")
+    CHECK(request_error_code(R"({"id":1,"op":"resume","entropy":"0123456789abcdef"})") == "missing_field");
+    CHECK(request_error_code(R"({"id":1,"op":"resume","time_ns":1})") == "missing_field");
+    CHECK(request_error_code(R"({"id":1,"op":"resume","time_ns":-1,"entropy":"0123456789abcdef"})") == "bad_field");
+    CHECK(request_error_code(R"({"id":1,"op":"resume","time_ns":1.5,"entropy":"0123456789abcdef"})") == "bad_field");
+    CHECK(request_error_code(R"({"id":1,"op":"resume","time_ns":1,"entropy":"short"})") == "bad_field");
+    CHECK(request_error_code(R"({"id":1,"op":"resume","time_ns":1,"entropy":")" + std::string(513, 'x') + "\"}")
           == "bad_field");
 }
 
@@ -328,10 +319,10 @@ TEST_CASE("snapshot requests name a directory entry: letters, digits, '.', '_', 
               .name.size()
           == max_snapshot_name_bytes);
     for (const char* bad : {R"("")", R"(".hidden")", R"("..")", R"("a/b")", R"("a b")", R"("\u00e9")", "7", "null"})
-        CHECK_MESSAGE(error_code_of(std::string(R"({"id":1,"op":"snapshot","name":)") + bad + "}") == "bad_field", bad);
-    CHECK(error_code_of(R"({"id":1,"op":"snapshot","name":")" + std::string(max_snapshot_name_bytes + 1, 'x') + "\"}")
+        CHECK_MESSAGE(request_error_code(std::string(R"({"id":1,"op":"snapshot","name":)") + bad + "}") == "bad_field", bad);
+    CHECK(request_error_code(R"({"id":1,"op":"snapshot","name":")" + std::string(max_snapshot_name_bytes + 1, 'x') + "\"}")
           == "bad_field");
-    CHECK(error_code_of(R"({"id":1,"op":"snapshot"})") == "missing_field");
+    CHECK(request_error_code(R"({"id":1,"op":"snapshot"})") == "missing_field");
 }
 
 TEST_CASE("errors carry the request id once one could be read")

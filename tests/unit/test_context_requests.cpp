@@ -5,21 +5,12 @@
 #include <string>
 
 #include "protocol/agent_protocol.hpp"
+#include "tests/support/request_errors.hpp"
 
 using namespace agentvm;
+using namespace agentvm::test;
 
 namespace {
-
-// The error a line gets, as code; "" when it parses.
-std::string error_code_of(const std::string& line)
-{
-    try {
-        parse_request(line);
-        return "";
-    } catch (const RequestError& e) {
-        return e.error.code();
-    }
-}
 
 template <typename Op>
 Op op_of(const std::string& line)
@@ -43,11 +34,11 @@ TEST_CASE("create_context: language defaults to python, cwd is optional")
     CHECK(op_of<CreateContextRequest>(R"({"id":1,"op":"create_context","language":null,"cwd":null})").language
           == CodeLanguage::python);
 
-    CHECK(error_code_of(R"({"id":1,"op":"create_context","language":"ruby"})") == "bad_field");
-    CHECK(error_code_of(R"({"id":1,"op":"create_context","language":3})") == "bad_field");
-    CHECK(error_code_of(R"({"id":1,"op":"create_context","cwd":""})") == "bad_field");
-    CHECK(error_code_of(R"({"id":1,"op":"create_context","cwd":"/a\u0000b"})") == "bad_field");
-    CHECK(error_code_of(R"({"id":1,"op":"create_context","cwd":["/"]})") == "bad_field");
+    CHECK(request_error_code(R"({"id":1,"op":"create_context","language":"ruby"})") == "bad_field");
+    CHECK(request_error_code(R"({"id":1,"op":"create_context","language":3})") == "bad_field");
+    CHECK(request_error_code(R"({"id":1,"op":"create_context","cwd":""})") == "bad_field");
+    CHECK(request_error_code(R"({"id":1,"op":"create_context","cwd":"/a\u0000b"})") == "bad_field");
+    CHECK(request_error_code(R"({"id":1,"op":"create_context","cwd":["/"]})") == "bad_field");
 }
 
 TEST_CASE("list_contexts, restart_context and remove_context")
@@ -60,12 +51,12 @@ TEST_CASE("list_contexts, restart_context and remove_context")
     for (const char* op : {"restart_context", "remove_context"}) {
         const std::string head = std::string(R"({"id":4,"op":")") + op + "\"";
         CAPTURE(op);
-        CHECK(error_code_of(head + "}") == "missing_field");
-        CHECK(error_code_of(head + R"(,"context":null})") == "bad_field");
-        CHECK(error_code_of(head + R"(,"context":7})") == "bad_field");
-        CHECK(error_code_of(head + R"(,"context":""})") == "bad_field");
-        CHECK(error_code_of(head + R"(,"context":")" + std::string(max_context_name_bytes, 'c') + "\"}").empty());
-        CHECK(error_code_of(head + R"(,"context":")" + std::string(max_context_name_bytes + 1, 'c') + "\"}")
+        CHECK(request_error_code(head + "}") == "missing_field");
+        CHECK(request_error_code(head + R"(,"context":null})") == "bad_field");
+        CHECK(request_error_code(head + R"(,"context":7})") == "bad_field");
+        CHECK(request_error_code(head + R"(,"context":""})") == "bad_field");
+        CHECK(request_error_code(head + R"(,"context":")" + std::string(max_context_name_bytes, 'c') + "\"}").empty());
+        CHECK(request_error_code(head + R"(,"context":")" + std::string(max_context_name_bytes + 1, 'c') + "\"}")
               == "bad_field");
     }
 }
@@ -87,11 +78,11 @@ TEST_CASE("run_code: context and language are optional; bash is a language now")
     CHECK(in_context.stream);
     CHECK_FALSE(op_of<RunCodeRequest>(R"({"id":1,"op":"run_code","code":"1","context":null})").context);
 
-    CHECK(error_code_of(R"({"id":1,"op":"run_code","code":"1","language":"ruby"})") == "bad_field");
-    CHECK(error_code_of(R"({"id":1,"op":"run_code","code":"1","context":1})") == "bad_field");
-    CHECK(error_code_of(R"({"id":1,"op":"run_code","code":"1","context":""})") == "bad_field");
+    CHECK(request_error_code(R"({"id":1,"op":"run_code","code":"1","language":"ruby"})") == "bad_field");
+    CHECK(request_error_code(R"({"id":1,"op":"run_code","code":"1","context":1})") == "bad_field");
+    CHECK(request_error_code(R"({"id":1,"op":"run_code","code":"1","context":""})") == "bad_field");
     // Whether the context exists, and has that language, is the agent's to say.
-    CHECK(error_code_of(R"({"id":1,"op":"run_code","code":"1","context":"nope","language":"bash"})").empty());
+    CHECK(request_error_code(R"({"id":1,"op":"run_code","code":"1","context":"nope","language":"bash"})").empty());
 }
 
 TEST_CASE("the new ops keep the id of a line they refuse")
