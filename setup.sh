@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One entry point for a fresh Debian 12 machine (as root): installs what is missing, builds the
-# VMM, the guest kernel, the guest init and the rootfs image, and bakes the default snapshot
-# (each cached, rebuilt only when its inputs change), then either boots the default guest (`demo`) or runs every test (`test`).
+# VMM, the guest kernel, the guest init and the rootfs image, bakes the default snapshot and
+# fetches the E2B tier's Node.js SDKs (each cached, rebuilt only when its inputs change), then either boots the default guest (`demo`) or runs every test (`test`).
 #
 #   ./setup.sh demo     set up, then run a command in a fresh VM and a short tool-call episode
 #   ./setup.sh test     set up, then run the unit, kvm and vm test suites
@@ -230,6 +230,18 @@ bake_default_snapshot() {
   say "WARNING: baking the default snapshot failed twice (above); agentvm run and episode will boot cold"
 }
 
+# The E2B tier's Node.js and official SDKs (tests/e2b/install.sh: each cached by the hash of its
+# inputs, nothing done when current; it shows its own progress). npm fetches them: Debian's
+# where the machine has none.
+install_e2b_sdks() {
+  if ! command -v npm >/dev/null; then
+    [[ $EUID -eq 0 ]] || { echo "setup: must run as root to install npm (the E2B tier's SDKs)" >&2; return 1; }
+    say "npm not found: installing Debian's (it fetches the E2B SDKs, and Node.js if this one is too old)"
+    install_packages npm || return 1
+  fi
+  tests/e2b/install.sh
+}
+
 install_missing_packages
 build_vmm
 if [[ $mode == test ]]; then
@@ -237,6 +249,9 @@ if [[ $mode == test ]]; then
 fi
 build_guest
 bake_default_snapshot
+if [[ $mode != demo ]]; then
+  step "E2B SDKs for the E2B tier (tests/e2b/install.sh)" install_e2b_sdks
+fi
 finish_rest_of_build
 say "set-up done"
 

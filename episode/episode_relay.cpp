@@ -45,14 +45,17 @@ std::optional<CallLimits> limits_of(const Request& request)
     return std::nullopt;
 }
 
-// The env of a request that starts a command (exec, spawn), which the sandbox's env is merged
-// into; null for other ops.
+// The env of a request that runs code (exec, spawn, run_code), which the sandbox's env is merged
+// into, the request's own names winning; null for other ops. A context's interpreter started
+// before the sandbox's env was set, so its cells get that env each time, as run_code's.
 const std::map<std::string, std::string>* command_env(const Request& request)
 {
     if (const auto* exec = std::get_if<ExecRequest>(&request.op))
         return &exec->env;
     if (const auto* spawn = std::get_if<SpawnRequest>(&request.op))
         return &spawn->command.env;
+    if (const auto* run = std::get_if<RunCodeRequest>(&request.op))
+        return &run->env;
     return nullptr;
 }
 
@@ -178,7 +181,7 @@ void EpisodeRelay::on_request(std::string&& line)
     bool is_shell = false;
     bool follows = false;
     std::optional<std::string> snapshot_name;
-    std::optional<std::string> env;  // an exec request's env with the sandbox's merged in
+    std::optional<std::string> env;  // a command's or a cell's env with the sandbox's merged in
     {
         // Scoped: the parsed request (its data decoded) is gone before the line is queued.
         Request request;

@@ -41,6 +41,7 @@ RunCodeRequest parse_run_code(const Json& object)
         bad_field("code", "must not contain NUL");
     run.language = optional_language(object);
     run.context = optional_context(object);
+    run.env = parse_env(object);
     run.timeout_s = optional_timeout(object);
     run.max_output = optional_max_output(object);
     parse_stream(object, run);
@@ -49,13 +50,15 @@ RunCodeRequest parse_run_code(const Json& object)
 
 ListDirRequest parse_list_dir(const Json& object)
 {
-    ListDirRequest list{require_string(object, "path")};
+    ListDirRequest list;
+    list.path = require_string(object, "path");
     if (auto max = object.find("max_entries"); max != object.end() && !max->is_null()) {
         if (!max->is_number_unsigned() || max->get<uint64_t>() == 0 || max->get<uint64_t>() > max_list_entries)
             bad_field("max_entries", "must be an integer from 1 to " + std::to_string(max_list_entries));
         list.max_entries = max->get<uint32_t>();
     }
     list.depth = parse_list_depth(object);
+    list.user = parse_user(object);
     return list;
 }
 
@@ -74,6 +77,7 @@ ExecRequest parse_exec(const Json& object)
     exec.env = parse_env(object);
     exec.cwd = optional_string(object, "cwd");
     exec.tag = parse_tag(object);
+    exec.user = parse_user(object);
     exec.stdin_data = get_bytes(object, "stdin");
     exec.timeout_s = optional_timeout(object);
     exec.max_output = optional_max_output(object);
@@ -88,6 +92,7 @@ SpawnRequest parse_spawn(const Json& object)
     spawn.command.env = parse_env(object);
     spawn.command.cwd = optional_string(object, "cwd");
     spawn.command.tag = parse_tag(object);
+    spawn.command.user = parse_user(object);
     spawn.command.timeout_s = optional_timeout(object);
     spawn.settings = parse_spawn_settings(object);
     return spawn;
@@ -104,6 +109,7 @@ WriteFileRequest parse_write_file(const Json& object)
     if (std::optional<std::string> mode = optional_string(object, "mode"))
         write.mode = parse_mode(*mode);
     write.append = optional_bool(object, "append");
+    write.user = parse_user(object);
     return write;
 }
 
@@ -171,7 +177,7 @@ Request parse_request(std::string_view line)
         else if (op == "run_code")
             request.op = parse_run_code(object);
         else if (op == "stat")
-            request.op = StatRequest{require_string(object, "path")};
+            request.op = StatRequest{require_string(object, "path"), parse_user(object)};
         else if (op == "list_dir")
             request.op = parse_list_dir(object);
         else if (op == "cancel")
@@ -179,7 +185,7 @@ Request parse_request(std::string_view line)
         else if (op == "write_file")
             request.op = parse_write_file(object);
         else if (op == "read_file")
-            request.op = ReadFileRequest{require_string(object, "path")};
+            request.op = ReadFileRequest{require_string(object, "path"), parse_user(object)};
         else if (op == "close")
             request.op = CloseRequest{};
         else if (op == "resume")

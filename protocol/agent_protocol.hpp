@@ -52,11 +52,16 @@ private:
 // A client's own name for a process it starts (exec, spawn), by which later requests find it.
 constexpr size_t max_tag_bytes = 256;
 
+// A call's "user": a name in the guest's /etc/passwd, whose credentials the call acts with
+// instead of the image's user's (docs/protocol.md, "A call's user").
+constexpr size_t max_user_name_bytes = 64;
+
 struct ExecRequest {
     std::vector<std::string> argv;
     std::map<std::string, std::string> env;
-    std::optional<std::string> cwd;
+    std::optional<std::string> cwd;  // absent: the user's home with "user", else the agent's
     std::optional<std::string> tag;
+    std::optional<std::string> user;
     std::optional<std::string> stdin_data;
     std::optional<double> timeout_s;
     uint64_t max_output = default_max_output;
@@ -85,10 +90,12 @@ struct WriteFileRequest {
     std::string data;
     std::optional<uint32_t> mode;
     bool append = false;
+    std::optional<std::string> user;
 };
 
 struct ReadFileRequest {
     std::string path;
+    std::optional<std::string> user;
 };
 
 struct CloseRequest {};
@@ -98,6 +105,7 @@ struct RunCodeRequest {
     std::string code;
     std::optional<CodeLanguage> language;  // absent: the context's, or python without one
     std::optional<std::string> context;    // absent: the default context of the language
+    std::map<std::string, std::string> env;  // set for this cell only
     std::optional<double> timeout_s;
     uint64_t max_output = default_max_output;  // also bounds the result's repr and each rich form
     bool stream = false;
@@ -106,6 +114,7 @@ struct RunCodeRequest {
 
 struct StatRequest {
     std::string path;
+    std::optional<std::string> user;
 };
 
 constexpr uint32_t default_list_entries = 10000;
@@ -115,6 +124,7 @@ struct ListDirRequest {
     std::string path;
     uint32_t max_entries = default_list_entries;
     uint32_t depth = 1;  // 1: the directory's own entries; more: its subdirectories' too
+    std::optional<std::string> user;
 };
 
 // Kills the running call whose id is `call`.

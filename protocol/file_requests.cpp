@@ -20,7 +20,7 @@ std::string require_path(const Json& object, const std::string& name)
 
 MakeDirRequest parse_make_dir(const Json& object)
 {
-    MakeDirRequest make{require_path(object, "path"), std::nullopt};
+    MakeDirRequest make{require_path(object, "path"), std::nullopt, parse_user(object)};
     if (std::optional<std::string> mode = optional_string(object, "mode"))
         make.mode = parse_mode(*mode);
     return make;
@@ -28,17 +28,17 @@ MakeDirRequest parse_make_dir(const Json& object)
 
 MoveRequest parse_move(const Json& object)
 {
-    return MoveRequest{require_path(object, "from"), require_path(object, "to")};
+    return MoveRequest{require_path(object, "from"), require_path(object, "to"), parse_user(object)};
 }
 
 RemoveRequest parse_remove(const Json& object)
 {
-    return RemoveRequest{require_path(object, "path"), optional_bool(object, "recursive")};
+    return RemoveRequest{require_path(object, "path"), optional_bool(object, "recursive"), parse_user(object)};
 }
 
 WatchRequest parse_watch(const Json& object)
 {
-    return WatchRequest{require_path(object, "path"), optional_bool(object, "recursive")};
+    return WatchRequest{require_path(object, "path"), optional_bool(object, "recursive"), parse_user(object)};
 }
 
 uint32_t parse_list_depth(const Json& object)

@@ -106,6 +106,17 @@ std::map<std::string, std::string> parse_env(const Json& object)
     return env;
 }
 
+std::optional<std::string> parse_user(const Json& object)
+{
+    std::optional<std::string> user = optional_string(object, "user");
+    // ':' and '\n' separate /etc/passwd's fields and lines: a name with one is no user's.
+    if (user && (user->empty() || user->size() > max_user_name_bytes
+                 || user->find_first_of(std::string_view(":\n\0", 3)) != std::string::npos))
+        bad_field("user", "must be a user name of 1 to " + std::to_string(max_user_name_bytes)
+                              + " bytes, without ':', newline or NUL");
+    return user;
+}
+
 std::optional<std::string> parse_tag(const Json& object)
 {
     std::optional<std::string> tag = optional_string(object, "tag");

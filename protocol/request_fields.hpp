@@ -26,6 +26,9 @@ uint64_t optional_max_output(const Json& object);
 std::vector<std::string> parse_argv(const Json& object);
 // A command's "env" (optional): names without '=' or NUL, string values without NUL.
 std::map<std::string, std::string> parse_env(const Json& object);
+// A call's "user" (optional): 1 to max_user_name_bytes of a name as /etc/passwd can hold it
+// (no NUL, ':' or newline). Whether the guest has that user is the agent's to say.
+std::optional<std::string> parse_user(const Json& object);
 // A process's "tag" (optional): the client's own name for it, 1 to max_tag_bytes.
 std::optional<std::string> parse_tag(const Json& object);
 

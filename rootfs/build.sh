@@ -126,6 +126,25 @@ Dir::Cache::srcpkgcache "";
 EOF
 }
 
+# The account E2B's base image has and its SDKs name by default ("user": commands and file
+# calls with a user run as it): uid 1000, its own group 1000, home /home/user from /etc/skel,
+# bash, password locked. Calls still run as root unless they name it (the agent's "user"
+# field) or a template's image makes it the default (/etc/agentvm/user). Written as useradd
+# would, without running the tree's useradd (no chroot needed, same bytes every build).
+add_user_account() {
+    local dir=$1 home=$1/home/user
+    if ! grep -q '^user:' "$dir/etc/passwd"; then
+        echo 'user:x:1000:1000::/home/user:/bin/bash' >>"$dir/etc/passwd"
+        echo 'user:x:1000:' >>"$dir/etc/group"
+        echo "user:!:$(( EPOCH / 86400 )):0:99999:7:::" >>"$dir/etc/shadow"
+        echo 'user:!::' >>"$dir/etc/gshadow"
+    fi
+    mkdir -p "$home"
+    [[ -d $dir/etc/skel ]] && cp -a "$dir/etc/skel/." "$home/"
+    chown -R 1000:1000 "$home"
+    chmod 0755 "$home"
+}
+
 configure_tree() {
     local dir=$1
     echo agentvm >"$dir/etc/hostname"
@@ -141,6 +160,7 @@ EOF
     mkdir -p "$dir"/{root,tmp,run,proc,sys,dev}
     chmod 0700 "$dir/root"
     chmod 1777 "$dir/tmp"
+    add_user_account "$dir"
     # The kernel opens the console for init before init mounts devtmpfs; a static node in
     # the image covers kernels without DEVTMPFS_MOUNT.
     [[ -e $dir/dev/console ]] || mknod -m 0600 "$dir/dev/console" c 5 1

@@ -3,7 +3,7 @@
 namespace agentvm {
 
 uint64_t read_file_stream(const std::shared_ptr<Sandbox>& sandbox, const std::string& path,
-                          FileReaderHandlers handlers)
+                          FileReaderHandlers handlers, const std::optional<std::string>& user)
 {
     auto on_data = std::move(handlers.on_data);
     CallHandlers call;
@@ -18,7 +18,9 @@ uint64_t read_file_stream(const std::shared_ptr<Sandbox>& sandbox, const std::st
             on_data(std::move(*bytes));
     };
     call.on_answer = std::move(handlers.on_done);
-    const Json request{{"op", "read_file"}, {"path", path}};
+    Json request{{"op", "read_file"}, {"path", path}};
+    if (user)
+        request["user"] = *user;
     return sandbox->call(request, request, std::move(call));
 }
 

@@ -5,6 +5,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "service/sandbox.hpp"
@@ -17,8 +18,9 @@ struct FileReaderHandlers {
     std::function<void(Json&& answer)> on_done;
 };
 
-// Starts reading `path`; returns the call's number (Sandbox::forget, for a taker that goes).
+// Starts reading `path` (as `user`, when given: the agent's "user"); returns the call's
+// number (Sandbox::forget, for a taker that goes).
 uint64_t read_file_stream(const std::shared_ptr<Sandbox>& sandbox, const std::string& path,
-                          FileReaderHandlers handlers);
+                          FileReaderHandlers handlers, const std::optional<std::string>& user = std::nullopt);
 
 } // namespace agentvm

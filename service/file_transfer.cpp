@@ -35,7 +35,7 @@ void start_upload(const std::shared_ptr<Sandbox>& sandbox, const std::shared_ptr
 }
 
 void start_download(const std::shared_ptr<Sandbox>& sandbox, const std::shared_ptr<HttpExchange>& exchange,
-                    const std::string& path)
+                    const std::string& path, const std::optional<std::string>& user)
 {
     auto pacer = std::make_shared<StreamPacer>(sandbox, exchange);
     auto started = std::make_shared<bool>(false);
@@ -66,7 +66,7 @@ void start_download(const std::shared_ptr<Sandbox>& sandbox, const std::shared_p
                 exchange->respond(200, "", "application/octet-stream");
         });
     };
-    const uint64_t call = read_file_stream(sandbox, path, std::move(handlers));
+    const uint64_t call = read_file_stream(sandbox, path, std::move(handlers), user);
     forget_call_when_gone(*exchange, sandbox, call, std::move(pacer));
 }
 

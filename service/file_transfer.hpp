@@ -17,8 +17,8 @@ namespace agentvm {
 // PUT .../files?path=P[&mode=M]; called when the request's headers have arrived.
 void start_upload(const std::shared_ptr<Sandbox>& sandbox, const std::shared_ptr<HttpExchange>& exchange,
                   const std::string& path, std::optional<std::string> mode);
-// GET .../files?path=P
+// GET .../files?path=P; E2B's GET /files also names the `user` that reads it.
 void start_download(const std::shared_ptr<Sandbox>& sandbox, const std::shared_ptr<HttpExchange>& exchange,
-                    const std::string& path);
+                    const std::string& path, const std::optional<std::string>& user = std::nullopt);
 
 } // namespace agentvm

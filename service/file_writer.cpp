@@ -15,7 +15,7 @@ constexpr unsigned chunks_in_flight = 2;
 
 std::shared_ptr<FileWriter> FileWriter::open(const std::shared_ptr<Sandbox>& sandbox, std::string path,
                                              std::optional<std::string> mode, Handlers handlers,
-                                             std::optional<Refusal>& refusal)
+                                             std::optional<Refusal>& refusal, std::optional<std::string> user)
 {
     if (!sandbox->claim_upload(path)) {
         refusal = Refusal{ServiceError::upload_in_progress,
@@ -26,14 +26,21 @@ std::shared_ptr<FileWriter> FileWriter::open(const std::shared_ptr<Sandbox>& san
     Json summary{{"op", "write_file"}, {"path", path}};
     if (mode)
         summary["mode"] = *mode;
-    auto writer = std::make_shared<FileWriter>(sandbox, std::move(path), std::move(mode), std::move(handlers));
+    if (user)
+        summary["user"] = *user;
+    auto writer = std::make_shared<FileWriter>(sandbox, std::move(path), std::move(mode), std::move(user),
+                                               std::move(handlers));
     writer->seq_ = sandbox->record(std::move(summary));
     return writer;
 }
 
 FileWriter::FileWriter(std::weak_ptr<Sandbox> sandbox, std::string path, std::optional<std::string> mode,
-                       Handlers handlers)
-    : sandbox_(std::move(sandbox)), path_(std::move(path)), mode_(std::move(mode)), handlers_(std::move(handlers))
+                       std::optional<std::string> user, Handlers handlers)
+    : sandbox_(std::move(sandbox)),
+      path_(std::move(path)),
+      mode_(std::move(mode)),
+      user_(std::move(user)),
+      handlers_(std::move(handlers))
 {
 }
 
@@ -90,6 +97,8 @@ void FileWriter::send(size_t bytes)
     Json request{{"op", "write_file"},
                  {"path", path_},
                  {"data_b64", base64_encode(std::string_view(buffer_).substr(0, bytes))}};
+    if (user_)
+        request["user"] = *user_;
     if (sent_any_)
         request["append"] = true;
     else if (mode_)

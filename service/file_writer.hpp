@@ -26,11 +26,13 @@ public:
         std::function<void(Json&& outcome)> on_done;
     };
 
-    // A writer of `path` (with `mode` for a new file), or the refusal when another writer of
-    // the same path is still at work in this sandbox.
+    // A writer of `path` (with `mode` for a new file; as `user`, the agent's "user", when
+    // given), or the refusal when another writer of the same path is still at work in this
+    // sandbox.
     static std::shared_ptr<FileWriter> open(const std::shared_ptr<Sandbox>& sandbox, std::string path,
                                             std::optional<std::string> mode, Handlers handlers,
-                                            std::optional<Refusal>& refusal);
+                                            std::optional<Refusal>& refusal,
+                                            std::optional<std::string> user = std::nullopt);
     ~FileWriter();
     FileWriter(const FileWriter&) = delete;
     FileWriter& operator=(const FileWriter&) = delete;
@@ -43,7 +45,7 @@ public:
     void abandon(const std::string& why);
 
     FileWriter(std::weak_ptr<Sandbox> sandbox, std::string path, std::optional<std::string> mode,
-               Handlers handlers);
+               std::optional<std::string> user, Handlers handlers);
 
 private:
     void send(size_t bytes);
@@ -54,6 +56,7 @@ private:
     std::weak_ptr<Sandbox> sandbox_;  // weak: its pending calls hold this writer
     std::string path_;
     std::optional<std::string> mode_;
+    std::optional<std::string> user_;
     Handlers handlers_;
     std::string buffer_;
     uint64_t seq_ = 0;

@@ -71,6 +71,10 @@ public:
     std::optional<std::string> basic_auth_password() const;
     // Whether the client came through a Unix socket (it then has no address and no browser).
     bool from_unix_socket() const;
+    // MHD's connection under the request, for MHD's own helpers on it (its post processor,
+    // which reads the boundary of a multipart/form-data body from the request's headers:
+    // service/e2b/multipart_body.hpp); nullptr once gone().
+    MHD_Connection* mhd_connection() const { return connection_; }
 
     // A header for the answer (respond, refuse or start_stream), set before it.
     void add_header(std::string name, std::string value) { extra_headers_.emplace_back(std::move(name), std::move(value)); }

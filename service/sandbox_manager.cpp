@@ -229,15 +229,38 @@ void SandboxManager::sweep()
         if (auto why = sandbox->expired(now))
             expired.emplace_back(sandbox, *why);
     }
-    for (auto& [sandbox, why] : expired) {
-        metrics_.count_failure(why == "timeout" ? "lifetime" : "idle");
-        remove(*sandbox, why);
-    }
+    for (auto& [sandbox, why] : expired)
+        expire(*sandbox, why);
     snapshots_.expire_paused(probes_.wall_now());
     for (auto& [pointer, vm] : vms_)
         vm.sandbox->kill_if_overdue(now);
     pools_.refill();
     sweep_timer_.arm(sweep_period);
+}
+
+void SandboxManager::expire(Sandbox& sandbox, const std::string& why)
+{
+    if (why != "timeout" || !sandbox.settings().pause_on_timeout || config_.state_dir.empty()) {
+        metrics_.count_failure(why == "timeout" ? "lifetime" : "idle");
+        return remove(sandbox, why);
+    }
+    // Expired on every sweep until its pause ends it: one pause at a time.
+    if (!auto_pausing_.insert(sandbox.id()).second)
+        return;
+    std::weak_ptr<Sandbox> weak = find(sandbox.id());
+    // Its calls end with it, as E2B's auto-pause cuts the sandbox's connections.
+    pause(
+        sandbox,
+        [this, weak, id = sandbox.id()](const PausedSandbox* paused, const Refusal* refusal) {
+            auto_pausing_.erase(id);
+            if (paused)
+                return spdlog::info("sandbox {} paused at its timeout", id);
+            spdlog::warn("sandbox {}: its pause at its timeout failed, so it ends: {}", id, refusal->message);
+            metrics_.count_failure("lifetime");
+            if (auto s = weak.lock(); s && !s->stopping() && find(id) == s)
+                remove(*s, "timeout (its pause failed: " + refusal->message + ")");
+        },
+        true);
 }
 
 std::shared_ptr<Sandbox> SandboxManager::find(const std::string& id)

@@ -12,6 +12,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -75,15 +76,33 @@ public:
 
     // Fork, pause and resume: SandboxSnapshots.
     void fork(Sandbox& parent, unsigned count, ForkDone done) { snapshots_.fork(parent, count, std::move(done)); }
-    void pause(Sandbox& sandbox, PauseDone done) { snapshots_.pause(sandbox, std::move(done)); }
+    void pause(Sandbox& sandbox, PauseDone done, bool end_calls = false)
+    {
+        snapshots_.pause(sandbox, std::move(done), end_calls);
+    }
     void resume(const std::string& id, CreateDone done) { snapshots_.resume(id, std::move(done)); }
     const PausedSandbox* find_paused(const std::string& id) const { return snapshots_.find_paused(id); }
     std::vector<const PausedSandbox*> paused() const { return snapshots_.paused(); }
     // By value: a caller may pass the id of the very record it removes.
     void remove_paused(std::string id, const std::string& reason) { snapshots_.remove_paused(std::move(id), reason); }
+    // Kept snapshots (SandboxSnapshots::keep), and creates from them.
+    using KeepDone = SandboxSnapshots::KeepDone;
+    void keep_snapshot(Sandbox& sandbox, std::vector<std::string> names, KeepDone done)
+    {
+        snapshots_.keep(sandbox, std::move(names), std::move(done));
+    }
+    void create_from_kept(const std::string& id, Sandbox::Settings settings, CreateDone done)
+    {
+        snapshots_.create_from_kept(id, std::move(settings), std::move(done));
+    }
+    const KeptSnapshot* find_kept(const std::string& id) const { return snapshots_.find_kept(id); }
+    std::vector<const KeptSnapshot*> kept_snapshots() const { return snapshots_.kept(); }
+    bool remove_kept(const std::string& id) { return snapshots_.remove_kept(id); }
     // The pool a create without one uses: the only pool, or "default".
     std::string default_pool() const { return pools_.default_pool(); }
     const ManagerConfig& config() const { return config_; }
+    // The loop the sandboxes run on, for a facade's own timers (a stream's keepalive).
+    EventLoop& loop() { return loop_; }
     // The pools of VMs restored from live snapshots (fork, resume) still in use.
     size_t restore_pools() const { return pools_.restore_pools(); }
 
@@ -133,6 +152,8 @@ private:
     void on_call_answered(const Json& answer, double seconds);
     void hand_out(Vm& vm, Sandbox::Settings settings, Sandbox::Clock::time_point requested, bool warm);
     void sweep();
+    // A sandbox past its lifetime or idle time: ended, or paused when its settings say so.
+    void expire(Sandbox& sandbox, const std::string& why);
     void check_drained();
     std::string new_id() const;
 
@@ -149,6 +170,7 @@ private:
     std::map<std::string, Sandbox*> by_id_;
     std::map<std::string, std::string> ended_;
     std::deque<std::string> ended_order_;
+    std::set<std::string> auto_pausing_;  // expired sandboxes whose pause is under way
     std::vector<std::shared_ptr<Sandbox>> graveyard_;  // destroyed on the next turn of the loop
     LoopTimer bury_timer_;
     LoopTimer sweep_timer_;

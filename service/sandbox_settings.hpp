@@ -19,6 +19,13 @@ struct SandboxSettings {
     std::optional<std::chrono::seconds> idle_timeout;
     std::map<std::string, std::string> env;
     Json metadata = Json::object();
+    // At its timeout the sandbox is paused, not ended (E2B's autoPause); without a state
+    // directory, or when the pause fails, it ends as any other.
+    bool pause_on_timeout = false;
+    // What a facade keeps with the sandbox, by facade ("e2b": the template it was created as,
+    // its lifecycle): kept through pause and resume, and copied to fork children, so that a
+    // facade needs no table of its own. serve reads nothing in it.
+    Json facade = Json::object();
 };
 
 } // namespace agentvm

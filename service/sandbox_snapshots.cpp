@@ -137,13 +137,13 @@ void SandboxSnapshots::fork(Sandbox& parent, unsigned count, ForkDone done)
     });
 }
 
-void SandboxSnapshots::pause(Sandbox& sandbox, PauseDone done)
+void SandboxSnapshots::pause(Sandbox& sandbox, PauseDone done, bool end_calls)
 {
     if (!store_) {
         const Refusal refusal = no_store();
         return done(nullptr, &refusal);
     }
-    if (sandbox.running_calls() > 0) {
+    if (sandbox.running_calls() > 0 && !end_calls) {
         const Refusal refusal{ServiceError::busy,
                               fmt::format("{} call(s) are running: a paused sandbox would lose their answers; pause "
                                           "between calls",
@@ -229,6 +229,87 @@ void SandboxSnapshots::resume(const std::string& id, CreateDone done)
         const Refusal refusal{ServiceError::start_failed, e.what(), std::nullopt};
         return done(nullptr, &refusal);
     }
+}
+
+void SandboxSnapshots::keep(Sandbox& sandbox, std::vector<std::string> names, KeepDone done)
+{
+    if (!store_) {
+        const Refusal refusal = no_store();
+        return done(nullptr, &refusal);
+    }
+    KeptSnapshot record;
+    record.sandbox_id = sandbox.id();
+    record.pool = sandbox.pool();
+    record.names = std::move(names);
+    record.settings = sandbox.settings();
+    record.settings.id.clear();
+    take_snapshot(sandbox, "keep", [this, record = std::move(record), done = std::move(done)](
+                                       SnapshotHold snapshot, const std::string& error) mutable {
+        if (!snapshot) {
+            const Refusal refusal{ServiceError::snapshot_failed, "the sandbox's live snapshot failed: " + error,
+                                  std::nullopt};
+            return done(nullptr, &refusal);
+        }
+        try {
+            record.id = store_->new_kept_id();
+            record.created_at_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                                       std::chrono::system_clock::now().time_since_epoch())
+                                       .count();
+            const std::string id = record.id;
+            store_->add_kept(std::move(record), std::move(snapshot));
+            spdlog::info("snapshot {} kept", id);
+            done(&store_->kept().at(id), nullptr);
+        } catch (const Error& e) {
+            const Refusal refusal{ServiceError::snapshot_failed, e.what(), std::nullopt};
+            done(nullptr, &refusal);
+        }
+    });
+}
+
+void SandboxSnapshots::create_from_kept(const std::string& id, Sandbox::Settings settings, CreateDone done)
+{
+    const KeptSnapshot* record = find_kept(id);
+    if (!record) {
+        const Refusal refusal{ServiceError::not_found, fmt::format("no snapshot {}", id), std::nullopt};
+        return done(nullptr, &refusal);
+    }
+    if (auto refusal = admit_restores(1))
+        return done(nullptr, &*refusal);
+    Pool& pool = pools_.restore_pool(record->snapshot, record->pool);
+    settings.id.clear();
+    try {
+        // A copy of `done`: a start that throws has not called it, and it is called here.
+        registry_.start_for(pool, std::move(settings), Sandbox::Clock::now(), store_->hold(record->snapshot), done);
+    } catch (const Error& e) {
+        pools_.forget_if_unused(pool);
+        const Refusal refusal{ServiceError::start_failed, e.what(), std::nullopt};
+        return done(nullptr, &refusal);
+    }
+}
+
+const KeptSnapshot* SandboxSnapshots::find_kept(const std::string& id) const
+{
+    if (!store_)
+        return nullptr;
+    auto it = store_->kept().find(id);
+    return it == store_->kept().end() ? nullptr : &it->second;
+}
+
+std::vector<const KeptSnapshot*> SandboxSnapshots::kept() const
+{
+    std::vector<const KeptSnapshot*> list;
+    if (store_)
+        for (const auto& [id, record] : store_->kept())
+            list.push_back(&record);
+    return list;
+}
+
+bool SandboxSnapshots::remove_kept(const std::string& id)
+{
+    if (!find_kept(id))
+        return false;
+    store_->remove_kept(id);
+    return true;
 }
 
 const PausedSandbox* SandboxSnapshots::find_paused(const std::string& id) const

@@ -1,7 +1,9 @@
 // Fork, pause and resume (docs/api.md): sandboxes from a running sandbox's live snapshot, and
 // paused sandboxes, whose snapshot and settings are on disk (SnapshotStore) until they run
-// again under their id. Every snapshot in use is held by what uses it (SnapshotHold): the fork
-// while it starts its children, each VM restored from it, each paused sandbox.
+// again under their id; and kept snapshots (E2B's), a running sandbox's live snapshot on disk
+// until deleted, which creates name to start from. Every snapshot in use is held by what uses
+// it (SnapshotHold): the fork while it starts its children, each VM restored from it, each
+// paused sandbox, each kept snapshot.
 #pragma once
 
 #include <chrono>
@@ -63,11 +65,24 @@ public:
     using ForkDone = std::function<void(const std::vector<Sandbox*>& children, const Refusal* refusal)>;
     void fork(Sandbox& parent, unsigned count, ForkDone done);
     // pause: the sandbox's live snapshot and settings go to disk and its VM ends; it is then
-    // listed as paused under its id until resumed, deleted or past its retention.
+    // listed as paused under its id until resumed, deleted or past its retention. A sandbox
+    // with calls running is refused `busy` (their answers would be lost), unless `end_calls`:
+    // those calls then end `stopped` with the VM, as E2B's pause cuts its connections.
     using PauseDone = std::function<void(const PausedSandbox* paused, const Refusal* refusal)>;
-    void pause(Sandbox& sandbox, PauseDone done);
+    void pause(Sandbox& sandbox, PauseDone done, bool end_calls = false);
     // resume: the paused sandbox runs again from its snapshot, under the same id.
     void resume(const std::string& id, CreateDone done);
+
+    // keep: a live snapshot of `sandbox`, which runs on, kept with its settings under a new id
+    // until remove_kept (`names`: what the taker called it).
+    using KeepDone = std::function<void(const KeptSnapshot* kept, const Refusal* refusal)>;
+    void keep(Sandbox& sandbox, std::vector<std::string> names, KeepDone done);
+    // A new sandbox from kept snapshot `id`, handed out with `settings` (a new id).
+    void create_from_kept(const std::string& id, Sandbox::Settings settings, CreateDone done);
+    const KeptSnapshot* find_kept(const std::string& id) const;
+    std::vector<const KeptSnapshot*> kept() const;
+    // Whether there was one. VMs restored from it run on: each holds the snapshot.
+    bool remove_kept(const std::string& id);
 
     const PausedSandbox* find_paused(const std::string& id) const;
     std::vector<const PausedSandbox*> paused() const;

@@ -3,8 +3,9 @@
 namespace agentvm {
 
 ServedApis::ServedApis(SandboxManager& manager, const std::optional<std::string>& token)
-    : fusion_(manager, token), native_(manager, token)
+    : e2b_(manager, token), fusion_(manager, token), native_(manager, token)
 {
+    router_.add(e2b_);
     router_.add(fusion_);
     router_.add(native_);
 }

@@ -1,10 +1,12 @@
-// The APIs serve answers on its listeners, and the order the router asks them in: the
+// The APIs serve answers on its listeners, and the order the router asks them in: E2B's
+// (every request with an E2b-Sandbox-Id header, and its control plane's paths), the
 // SandboxFusion endpoints, then the native API, which takes every other request.
 #pragma once
 
 #include <optional>
 #include <string>
 
+#include "service/e2b/e2b_api.hpp"
 #include "service/fusion/fusion_api.hpp"
 #include "service/native/native_api.hpp"
 #include "service/router.hpp"
@@ -22,6 +24,7 @@ public:
     HttpServer::Admission admit(HttpExchange& head) const { return router_.admit(head); }
 
 private:
+    E2bApi e2b_;
     FusionApi fusion_;
     NativeApi native_;
     Router router_;

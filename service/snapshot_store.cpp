@@ -3,12 +3,14 @@
 #include <fcntl.h>
 #include <stdlib.h>
 #include <sys/file.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <sstream>
 
 #include <fmt/format.h>
@@ -46,48 +48,128 @@ std::string read_small_file(const fs::path& path)
     return text.str();
 }
 
+// What a record keeps of a sandbox's settings, its id aside: what the user gave (not `warm`
+// and `create_time`, which describe one hand-out).
+void put_settings(json& j, const SandboxSettings& settings)
+{
+    j["timeout"] = settings.timeout.count();
+    j["idle_timeout"] = settings.idle_timeout ? json(settings.idle_timeout->count()) : json(nullptr);
+    j["env"] = settings.env;
+    j["metadata"] = settings.metadata;
+    j["pause_on_timeout"] = settings.pause_on_timeout;
+    j["facade"] = settings.facade;
+}
+
+// Throws json::exception or Error. pause_on_timeout and facade are absent from the records of
+// serves before them.
+SandboxSettings get_settings(const json& j)
+{
+    SandboxSettings settings;
+    settings.timeout = std::chrono::seconds(j.at("timeout").get<int64_t>());
+    if (!j.at("idle_timeout").is_null())
+        settings.idle_timeout = std::chrono::seconds(j.at("idle_timeout").get<int64_t>());
+    settings.env = j.at("env").get<std::map<std::string, std::string>>();
+    settings.metadata = j.at("metadata");
+    settings.pause_on_timeout = j.value("pause_on_timeout", false);
+    settings.facade = j.value("facade", json::object());
+    if (!settings.metadata.is_object() || !settings.facade.is_object())
+        throw Error("malformed metadata or facade");
+    return settings;
+}
+
+// Writes `record` as DIR/ID.json: a temporary file renamed, so that a crash leaves the old
+// record or none, never half of one.
+void write_record(const std::string& dir, const std::string& id, const json& record, const char* what)
+{
+    const fs::path path = fs::path(dir) / (id + ".json");
+    const fs::path partial = fs::path(dir) / (id + ".json.partial");
+    {
+        std::ofstream out(partial, std::ios::binary | std::ios::trunc);
+        out << record.dump(2) << "\n";
+        out.flush();
+        if (!out)
+            throw Error(fmt::format("writing the {} record '{}'", what, partial.string()));
+    }
+    std::error_code ec;
+    fs::rename(partial, path, ec);
+    if (ec)
+        throw Error(fmt::format("writing the {} record '{}': {}", what, path.string(), ec.message()));
+}
+
 } // namespace
 
 json PausedSandbox::to_json() const
 {
-    return {{"id", settings.id},
-            {"snapshot", snapshot},
-            {"pool", pool},
-            {"timeout", settings.timeout.count()},
-            {"idle_timeout", settings.idle_timeout ? json(settings.idle_timeout->count()) : json(nullptr)},
-            {"env", settings.env},
-            {"metadata", settings.metadata},
-            {"paused_at", paused_at},
-            {"retain_until", retain_until},
-            {"disk_bytes", disk_bytes}};
+    json j{{"id", settings.id},
+           {"snapshot", snapshot},
+           {"pool", pool},
+           {"paused_at", paused_at},
+           {"retain_until", retain_until},
+           {"disk_bytes", disk_bytes}};
+    put_settings(j, settings);
+    return j;
 }
 
 PausedSandbox PausedSandbox::from_json(const json& j)
 {
     try {
         PausedSandbox p;
+        p.settings = get_settings(j);
         p.settings.id = j.at("id").get<std::string>();
         p.snapshot = j.at("snapshot").get<std::string>();
         p.pool = j.at("pool").get<std::string>();
-        p.settings.timeout = std::chrono::seconds(j.at("timeout").get<int64_t>());
-        if (!j.at("idle_timeout").is_null())
-            p.settings.idle_timeout = std::chrono::seconds(j.at("idle_timeout").get<int64_t>());
-        p.settings.env = j.at("env").get<std::map<std::string, std::string>>();
-        p.settings.metadata = j.at("metadata");
         p.paused_at = j.at("paused_at").get<int64_t>();
         p.retain_until = j.at("retain_until").get<int64_t>();
         p.disk_bytes = j.at("disk_bytes").get<uint64_t>();
-        if (p.settings.id.empty() || p.settings.id.find('/') != std::string::npos
-            || !p.settings.metadata.is_object())
-            throw Error("malformed id or metadata");
+        if (p.settings.id.empty() || p.settings.id.find('/') != std::string::npos)
+            throw Error("malformed id");
         return p;
     } catch (const json::exception& e) {
         throw Error(e.what());
     }
 }
 
+json KeptSnapshot::to_json() const
+{
+    json j{{"id", id},
+           {"names", names},
+           {"sandbox_id", sandbox_id},
+           {"snapshot", snapshot},
+           {"pool", pool},
+           {"created_at_ms", created_at_ms}};
+    put_settings(j, settings);
+    return j;
+}
+
+KeptSnapshot KeptSnapshot::from_json(const json& j)
+{
+    try {
+        KeptSnapshot k;
+        k.settings = get_settings(j);
+        k.id = j.at("id").get<std::string>();
+        k.names = j.at("names").get<std::vector<std::string>>();
+        k.sandbox_id = j.at("sandbox_id").get<std::string>();
+        k.snapshot = j.at("snapshot").get<std::string>();
+        k.pool = j.at("pool").get<std::string>();
+        k.created_at_ms = j.at("created_at_ms").get<int64_t>();
+        if (!valid_id(k.id))
+            throw Error("malformed id");
+        return k;
+    } catch (const json::exception& e) {
+        throw Error(e.what());
+    }
+}
+
+bool KeptSnapshot::valid_id(std::string_view id)
+{
+    constexpr std::string_view prefix = "snap-";
+    return id.size() == prefix.size() + 16 && id.starts_with(prefix)
+           && std::all_of(id.begin() + prefix.size(), id.end(),
+                          [](char c) { return (c >= 'a' && c <= 'f') || (c >= '0' && c <= '9'); });
+}
+
 SnapshotStore::SnapshotStore(std::string state_dir)
-    : paused_dir_(state_dir + "/paused"), snapshots_dir_(state_dir + "/snapshots"), outbox_dir_(state_dir + "/outbox")
+    : paused_dir_(state_dir + "/paused"), kept_dir_(state_dir + "/kept"), snapshots_dir_(state_dir + "/snapshots"), outbox_dir_(state_dir + "/outbox")
 {
     make_dir(state_dir);
     const std::string lock_path = state_dir + "/lock";
@@ -99,6 +181,7 @@ SnapshotStore::SnapshotStore(std::string state_dir)
                                 "names one per serve)",
                                 state_dir));
     make_dir(paused_dir_);
+    make_dir(kept_dir_);
     make_dir(snapshots_dir_);
     // Outboxes of VMs a killed serve left: nothing in them was taken, so nothing holds it.
     std::error_code ec;
@@ -106,24 +189,20 @@ SnapshotStore::SnapshotStore(std::string state_dir)
     if (ec)
         throw Error(fmt::format("serve's state directory: removing '{}': {}", outbox_dir_, ec.message()));
     make_dir(outbox_dir_);
-    for (const auto& entry : fs::directory_iterator(paused_dir_)) {
-        const fs::path path = entry.path();
-        if (path.extension() != ".json") {
-            fs::remove(path);  // a record that was being written when serve died
-            continue;
-        }
-        try {
-            PausedSandbox record = PausedSandbox::from_json(json::parse(read_small_file(path)));
-            if (record.settings.id + ".json" != path.filename().string() || !owns(record.snapshot) ||
-                !fs::exists(record.snapshot + "/manifest.json"))
-                throw Error("it does not match its file name, or its snapshot is gone");
-            const std::string id = record.settings.id;
-            paused_[id] = std::move(record);
-        } catch (const std::exception& e) {
-            spdlog::error("paused sandbox record '{}' is unusable and is removed: {}", path.string(), e.what());
-            fs::remove(path);
-        }
-    }
+    for_each_record(paused_dir_, "paused sandbox", [&](const fs::path& path, const json& doc) {
+        PausedSandbox record = PausedSandbox::from_json(doc);
+        if (record.settings.id + ".json" != path.filename().string() || !usable(record.snapshot))
+            throw Error("it does not match its file name, or its snapshot is gone");
+        const std::string id = record.settings.id;
+        paused_[id] = std::move(record);
+    });
+    for_each_record(kept_dir_, "kept snapshot", [&](const fs::path& path, const json& doc) {
+        KeptSnapshot record = KeptSnapshot::from_json(doc);
+        if (record.id + ".json" != path.filename().string() || !usable(record.snapshot))
+            throw Error("it does not match its file name, or its snapshot is gone");
+        const std::string id = record.id;
+        kept_[id] = std::move(record);
+    });
     // Holds from what is on disk: each snapshot on its parent, each record on its snapshot.
     for (const auto& entry : fs::directory_iterator(snapshots_dir_)) {
         const std::string path = entry.path().string();
@@ -138,6 +217,8 @@ SnapshotStore::SnapshotStore(std::string state_dir)
     }
     for (const auto& [id, record] : paused_)
         paused_holds_.emplace(id, SnapshotHold(*this, record.snapshot));
+    for (const auto& [id, record] : kept_)
+        kept_holds_.emplace(id, SnapshotHold(*this, record.snapshot));
     std::vector<std::string> unheld;
     for (const auto& [path, count] : holds_)
         if (count == 0)
@@ -153,6 +234,31 @@ SnapshotStore::~SnapshotStore()
 {
     for (auto& [id, hold] : paused_holds_)
         hold.store_ = nullptr;
+    for (auto& [id, hold] : kept_holds_)
+        hold.store_ = nullptr;
+}
+
+bool SnapshotStore::usable(const std::string& snapshot) const
+{
+    return owns(snapshot) && fs::exists(snapshot + "/manifest.json");
+}
+
+void SnapshotStore::for_each_record(const std::string& dir, const char* what,
+                                    const std::function<void(const fs::path&, const json&)>& take)
+{
+    for (const auto& entry : fs::directory_iterator(dir)) {
+        const fs::path path = entry.path();
+        if (path.extension() != ".json") {
+            fs::remove(path);  // a record that was being written when serve died
+            continue;
+        }
+        try {
+            take(path, json::parse(read_small_file(path)));
+        } catch (const std::exception& e) {
+            spdlog::error("{} record '{}' is unusable and is removed: {}", what, path.string(), e.what());
+            fs::remove(path);
+        }
+    }
 }
 
 bool SnapshotStore::owns(const std::string& path) const
@@ -164,7 +270,8 @@ bool SnapshotStore::owns(const std::string& path) const
 bool SnapshotStore::valid_name(std::string_view name)
 {
     constexpr size_t max_name = 200;
-    if (name.size() > max_name || !(name.starts_with("fork-") || name.starts_with("pause-")))
+    if (name.size() > max_name
+        || !(name.starts_with("fork-") || name.starts_with("pause-") || name.starts_with("keep-")))
         return false;
     return std::all_of(name.begin(), name.end(),
                        [](char c) { return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-'; });
@@ -274,19 +381,7 @@ void SnapshotStore::add_paused(PausedSandbox record, SnapshotHold snapshot)
 {
     record.snapshot = snapshot.path();
     const std::string id = record.settings.id;
-    const fs::path path = fs::path(paused_dir_) / (id + ".json");
-    const fs::path partial = fs::path(paused_dir_) / (id + ".json.partial");
-    {
-        std::ofstream out(partial, std::ios::binary | std::ios::trunc);
-        out << record.to_json().dump(2) << "\n";
-        out.flush();
-        if (!out)
-            throw Error(fmt::format("writing the paused sandbox's record '{}'", partial.string()));
-    }
-    std::error_code ec;
-    fs::rename(partial, path, ec);
-    if (ec)
-        throw Error(fmt::format("writing the paused sandbox's record '{}': {}", path.string(), ec.message()));
+    write_record(paused_dir_, id, record.to_json(), "paused sandbox's");
     paused_[id] = std::move(record);
     paused_holds_[id] = std::move(snapshot);
 }
@@ -300,6 +395,40 @@ void SnapshotStore::remove_paused(std::string id)
     std::error_code ec;
     fs::remove(fs::path(paused_dir_) / (id + ".json"), ec);
     paused_holds_.erase(id);
+}
+
+void SnapshotStore::add_kept(KeptSnapshot record, SnapshotHold snapshot)
+{
+    record.snapshot = snapshot.path();
+    const std::string id = record.id;
+    if (!KeptSnapshot::valid_id(id))
+        throw Error(fmt::format("'{:.64}' is not a kept snapshot's id", id));
+    write_record(kept_dir_, id, record.to_json(), "kept snapshot's");
+    kept_[id] = std::move(record);
+    kept_holds_[id] = std::move(snapshot);
+}
+
+void SnapshotStore::remove_kept(std::string id)
+{
+    if (kept_.erase(id) == 0)
+        return;
+    std::error_code ec;
+    fs::remove(fs::path(kept_dir_) / (id + ".json"), ec);
+    kept_holds_.erase(id);
+}
+
+std::string SnapshotStore::new_kept_id() const
+{
+    for (;;) {
+        unsigned char bytes[8];
+        if (::getrandom(bytes, sizeof bytes, 0) != sizeof bytes)
+            throw_errno("getrandom for a snapshot id");
+        std::string id = "snap-";
+        for (unsigned char b : bytes)
+            id += fmt::format("{:02x}", b);
+        if (!kept_.contains(id))
+            return id;
+    }
 }
 
 uint64_t SnapshotStore::stored_bytes(const std::string& path)

@@ -4,6 +4,7 @@
 #   kvm   tiny freestanding guests on this host's /dev/kvm (skipped without one)
 #   vm    the real kernel and rootfs, through tests/testhost/run
 #   the Python client's pytest suite, through tests/testhost/run, beside the tiers of build/
+#   the E2B tier (the official E2B SDKs against serve, node --test), after the Python client's
 set -uo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$repo"
@@ -86,32 +87,51 @@ fi
 python_tier() {
   AGENTVM_TESTHOST_QUIET=1 python/tests/run.sh -p no:cacheprovider --junitxml=build/python-tests.xml
 }
-rm -f build/python-tests.xml build/python-tests.log  # never count or show an earlier run's
+# The E2B tier (tests/e2b/run.sh: one boot, its own serve) runs where the Python client's does,
+# after it: in the test host the same second core, which a third boot at once would only share.
+# Its TAP (build/e2b-tests.tap) is counted below; its exit status too, for a failure the TAP
+# cannot show (serve not stopping clean, a file that never ran).
+e2b_tier() {
+  local status=0
+  AGENTVM_TESTHOST_QUIET=1 tests/e2b/run.sh || status=$?
+  echo "$status" >build/e2b-tests.status
+  return "$status"
+}
+client_tiers() {
+  local status=0 t0=$SECONDS
+  python_tier || status=1
+  say "the Python client's tests took $((SECONDS - t0))s; the E2B tier (tests/e2b/run.sh):"
+  t0=$SECONDS
+  e2b_tier || status=1
+  say "the E2B tier took $((SECONDS - t0))s"
+  return "$status"
+}
+# never count or show an earlier run's
+rm -f build/python-tests.xml build/python-tests.log build/e2b-tests.tap build/e2b-tests.status
 beside=0
 [[ $(tests/testhost/run --where) == testhost ]] && beside=1
-say "every tier (build/)$( ((beside)) && echo ", and the Python client (python/tests/run.sh) beside it")"
+say "every tier (build/)$( ((beside)) && echo ", and the Python client's and the E2B tier beside it")"
 if build_for_tests build; then
   if ((beside)); then
-    python_tier >build/python-tests.log 2>&1 </dev/null &
-    python_pid=$!
-    trap 'kill "$python_pid" 2>/dev/null' EXIT
+    client_tiers >build/client-tests.log 2>&1 </dev/null &
+    clients_pid=$!
+    trap 'kill "$clients_pid" 2>/dev/null' EXIT
   fi
   meson test -C build --print-errorlogs || status=1
   if ((beside)); then
-    say "meson's tests done; the Python client's:"
-    wait "$python_pid" || status=1
+    say "meson's tests done; the Python client's and the E2B tier's:"
+    wait "$clients_pid" || status=1
     trap - EXIT
-    cat build/python-tests.log
+    cat build/client-tests.log
   else
-    say "Python client (pytest, python/tests/run.sh)"
-    python_tier || status=1
+    client_tiers || status=1
   fi
 else
   status=1
 fi
 
 python3 - build-asan/meson-logs/testlog.json build-fuzz/meson-logs/testlog.json build/meson-logs/testlog.json \
-  build/python-tests.xml <<'PY'
+  build/python-tests.xml build/e2b-tests.tap <<'PY'
 import json, re, sys
 import xml.etree.ElementTree as ElementTree
 passed = failed = skipped = 0
@@ -121,6 +141,26 @@ for path in sys.argv[1:]:
     except FileNotFoundError:
         failed += 1
         print(f"tests: {path} missing: those tests never ran", file=sys.stderr)
+        continue
+    if path.endswith(".tap"):
+        # node --test's TAP ends with its counts ("# pass N", "# fail N", ...) over every test
+        # of every file; a cancelled test (its file died, a hook failed) did not pass. A tier
+        # that failed without a failed test (serve left something behind) counts one more.
+        counts = dict(re.findall(r"(?m)^# (pass|fail|cancelled|skipped|todo) (\d+)$", text))
+        if "pass" not in counts or "fail" not in counts:
+            failed += 1
+            print(f"tests: {path} has no closing counts: the tier stopped early", file=sys.stderr)
+            continue
+        passed += int(counts["pass"])
+        failed += int(counts["fail"]) + int(counts.get("cancelled", 0))
+        skipped += int(counts.get("skipped", 0)) + int(counts.get("todo", 0))
+        try:
+            tier_status = open(path.removesuffix(".tap") + ".status").read().strip()
+        except FileNotFoundError:
+            tier_status = "missing"
+        if tier_status != "0" and int(counts["fail"]) + int(counts.get("cancelled", 0)) == 0:
+            failed += 1
+            print(f"tests: {path}: the tier exited {tier_status} with no failed test", file=sys.stderr)
         continue
     if path.endswith(".xml"):
         # pytest's JUnit XML: a testcase with <failure> or <error> failed, with <skipped> skipped.

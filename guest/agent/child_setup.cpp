@@ -12,6 +12,7 @@
 #include <map>
 #include <string_view>
 
+#include "guest/agent/accounts.hpp"
 #include "guest/agent/call_cgroup.hpp"
 #include "guest/agent/run_as.hpp"
 #include "common/fd.hpp"
@@ -85,6 +86,14 @@ ChildPlan plan_child(const ExecRequest& request)
         if (eq != std::string_view::npos)
             env.emplace(std::string(text.substr(0, eq)), std::string(text.substr(eq + 1)));
     }
+    std::optional<UserAccount> account;
+    if (request.user) {
+        // As login and E2B's envd give them; the request's env may still say otherwise.
+        account = find_user(*request.user);
+        env["HOME"] = account->home;
+        env["USER"] = account->name;
+        env["LOGNAME"] = account->name;
+    }
     for (const auto& [name, value] : request.env)
         env[name] = value;
 
@@ -94,7 +103,9 @@ ChildPlan plan_child(const ExecRequest& request)
     plan.argv = request.argv;
     for (const auto& [name, value] : env)
         plan.env.push_back(name + "=" + value);
-    plan.cwd = request.cwd.value_or("");
+    plan.cwd = request.cwd.value_or(account ? account->home : "");
+    if (account)
+        plan.user = std::move(account->ids);
     for (std::string& arg : plan.argv)
         plan.c_argv.push_back(arg.data());
     plan.c_argv.push_back(nullptr);
@@ -138,7 +149,7 @@ void exec_child(ChildPlan& plan, int stdin_fd, int stdout_fd, int stderr_fd, int
     if (plan.controlling_tty)
         ::ioctl(STDIN_FILENO, TIOCSCTTY, 0);
     // Last of what needs root, and before the cwd, whose permissions are the user's to meet.
-    if (const int error = drop_to_run_as(); error != 0) {
+    if (const int error = plan.user ? drop_to(*plan.user) : drop_to_run_as(); error != 0) {
         errno = error;
         write_failure(status_fd, 4);
         ::_exit(127);
@@ -157,7 +168,7 @@ void throw_child_failure(const ChildPlan& plan, const ChildFailure& failure)
     if (failure.stage >= 2) {
         const char* what = failure.stage == 2   ? "joining the call's cgroup"
                            : failure.stage == 3 ? "setting oom_score_adj"
-                                                : "taking the image's user's credentials";
+                                                : "taking the user's credentials";
         throw CallError("spawn_failed", std::string(what) + ": " + std::strerror(failure.error));
     }
     const bool missing = failure.error == ENOENT || failure.error == ENOTDIR;

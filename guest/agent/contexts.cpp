@@ -176,7 +176,7 @@ Json Contexts::Cell::run(const Json& id, const RunCodeRequest& request, Outbox& 
         call.max_output = request.max_output;
         call.stream = request.stream;
         call.output_in_response = request.output_in_response;
-        Json ran = shell.run(id, call, outbox, cancel_fd);
+        Json ran = shell.run(id, call, outbox, cancel_fd, request.env);
         response = bash_cell_response(std::move(ran), !shell.running());
     }
     std::lock_guard lock(context.mutex);
@@ -219,6 +219,10 @@ Contexts::Cell Contexts::cell_for(const RunCodeRequest& request)
         throw CallError("bad_field", "\"language\" is \"" + std::string(language_name(*request.language))
                                          + "\" but context \"" + context->name + "\" is "
                                          + std::string(language_name(context->language)));
+    // A Python cell sets os.environ, which takes any name; a shell exports only its own kind.
+    // Refused now rather than at the cell's turn.
+    if (context->language == CodeLanguage::bash)
+        Shell::check_env(request.env);
     std::lock_guard lock(context->mutex);
     return Cell(*this, context, context->epoch);
 }

@@ -60,7 +60,8 @@ public:
     };
 
     // The context `request` names, or its language's default. Throws CallError: not_found (no
-    // such context), bad_field (its language is not the request's).
+    // such context), bad_field (its language is not the request's; a bash cell's env name the shell
+    // cannot export).
     Cell cell_for(const RunCodeRequest& request);
 
     // The answer to a context op, nullopt for any other op. Throws CallError (not_found,

@@ -18,16 +18,13 @@
 #include <vector>
 
 #include "common/fd.hpp"
+#include "guest/agent/accounts.hpp"
 #include "guest/agent/fs_user.hpp"
 #include "protocol/utf8.hpp"
 
 namespace agentvm {
 
 namespace {
-
-// How much of /etc/passwd and /etc/group a call reads: far more than any image's, and a
-// bound on what a file the sandbox rewrote can cost each call.
-constexpr size_t max_account_file_bytes = size_t{1} << 20;
 
 const char* file_type_name(mode_t mode)
 {
@@ -53,66 +50,6 @@ double epoch_seconds(const timespec& t)
 {
     return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_nsec) / 1e9;
 }
-
-// Owner and group names as the guest's /etc/passwd and /etc/group give them, read when a call
-// first needs them (they change with the sandbox's useradd) and at most max_account_file_bytes
-// of each; an id without a name is given as its number.
-class AccountNames {
-public:
-    std::string owner(uid_t uid) { return name_of(users_, "/etc/passwd", uid); }
-    std::string group(gid_t gid) { return name_of(groups_, "/etc/group", gid); }
-
-private:
-    using Names = std::map<uint32_t, std::string>;
-
-    static std::string name_of(std::optional<Names>& names, const char* file, uint32_t id)
-    {
-        if (!names)
-            names = load(file);
-        const auto it = names->find(id);
-        return it != names->end() ? it->second : std::to_string(id);
-    }
-
-    // Lines of `name:password:id:...`; the first line naming an id wins, as for getpwuid.
-    static Names load(const char* file)
-    {
-        Names names;
-        Fd fd(::open(file, O_RDONLY | O_CLOEXEC));
-        if (!fd)
-            return names;
-        std::string text(max_account_file_bytes, '\0');
-        size_t filled = 0;
-        while (filled < text.size()) {
-            const ssize_t n = ::read(fd.get(), text.data() + filled, text.size() - filled);
-            if (n < 0 && errno == EINTR)
-                continue;
-            if (n <= 0)
-                break;
-            filled += static_cast<size_t>(n);
-        }
-        text.resize(filled);
-        // A line cut by the bound is not a line.
-        for (size_t start = 0, end; (end = text.find('\n', start)) != std::string::npos; start = end + 1) {
-            const std::string_view line(text.data() + start, end - start);
-            const size_t name_end = line.find(':');
-            const size_t id_start = name_end == std::string_view::npos ? name_end : line.find(':', name_end + 1);
-            if (id_start == std::string_view::npos)
-                continue;
-            const std::string_view id = line.substr(id_start + 1, line.find(':', id_start + 1) - id_start - 1);
-            const std::string_view name = line.substr(0, name_end);
-            if (id.empty() || id.size() > 10 || id.find_first_not_of("0123456789") != std::string_view::npos
-                || name.empty() || !is_valid_utf8(name))
-                continue;
-            const uint64_t value = std::stoull(std::string(id));
-            if (value <= UINT32_MAX)
-                names.emplace(static_cast<uint32_t>(value), name);
-        }
-        return names;
-    }
-
-    std::optional<Names> users_;
-    std::optional<Names> groups_;
-};
 
 std::string join_path(const std::string& directory, const std::string& name)
 {
@@ -236,7 +173,7 @@ std::string absolute_path(const std::string& path)
 
 Json stat_path(const Json& id, const StatRequest& request)
 {
-    const ImageUserFiles as_user;
+    const UserFiles as_user(file_call_user(request.user));
     AccountNames accounts;
     struct stat st;
     if (::stat(request.path.c_str(), &st) != 0)
@@ -270,7 +207,7 @@ Json describe_path(const std::string& path)
 
 Json list_dir(const Json& id, const ListDirRequest& request)
 {
-    const ImageUserFiles as_user;
+    const UserFiles as_user(file_call_user(request.user));
     Fd fd(::open(request.path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
     if (!fd)
         throw_path_error("open", request.path, errno);

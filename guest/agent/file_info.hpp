@@ -1,6 +1,6 @@
 // The stat and list_dir calls, and the fields that describe a file in them (and in move's
 // answer): type, size, mode, mtime, owner and group by number and by name, symlink target.
-// Both act with the image user's file credentials (fs_user.hpp).
+// Both act with the call's user's file credentials (fs_user.hpp).
 #pragma once
 
 #include <dirent.h>

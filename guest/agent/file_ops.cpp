@@ -237,7 +237,7 @@ private:
 
 Json make_dir(const Json& id, const MakeDirRequest& request)
 {
-    const ImageUserFiles as_user;
+    const UserFiles as_user(file_call_user(request.user));
     const std::string path = without_trailing_slashes(request.path);
     // Each directory on the path from the top, so that a missing parent is made first.
     std::vector<std::string> prefixes;
@@ -270,7 +270,7 @@ Json make_dir(const Json& id, const MakeDirRequest& request)
 
 Json move_path(const Json& id, const MoveRequest& request)
 {
-    const ImageUserFiles as_user;
+    const UserFiles as_user(file_call_user(request.user));
     if (::rename(request.from.c_str(), request.to.c_str()) != 0) {
         const int error = errno;
         const std::string what = "move " + request.from + " to " + request.to;
@@ -292,7 +292,7 @@ Json move_path(const Json& id, const MoveRequest& request)
 
 Json remove_path(const Json& id, const RemoveRequest& request)
 {
-    const ImageUserFiles as_user;
+    const UserFiles as_user(file_call_user(request.user));
     const std::string path = without_trailing_slashes(request.path);
     if (path == "/")
         throw CallError("io", "remove /: refusing to remove the root directory");

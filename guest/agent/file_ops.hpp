@@ -1,5 +1,5 @@
 // The make_dir, move and remove calls, answered on the connection's reading thread like the
-// other file calls, with the image user's file credentials (fs_user.hpp).
+// other file calls, with the call's user's file credentials (fs_user.hpp).
 #pragma once
 
 #include "protocol/agent_protocol.hpp"

@@ -414,7 +414,7 @@ void EndOfRequests::signal()
 Json run_watch(const Json& id, const WatchRequest& request, Outbox& outbox, int cancel_fd, int requests_ended_fd)
 {
     const WatchSlot slot;
-    const ImageUserFiles as_user;
+    const UserFiles as_user(file_call_user(request.user));
     return DirectoryWatch(id, request, outbox, cancel_fd, requests_ended_fd).run();
 }
 

@@ -1,7 +1,7 @@
 // The watch call: changes under a directory (and, recursive, under its subdirectories, also
 // those that appear later) reported as events through inotify, until the call is cancelled,
 // its connection ends its requests, or the directory goes. A long call: it runs on a thread
-// of its own (Connection::start_call) with the image user's file credentials (fs_user.hpp).
+// of its own (Connection::start_call) with the call's user's file credentials (fs_user.hpp).
 #pragma once
 
 #include <cstddef>

@@ -6,9 +6,11 @@
 
 #include <cerrno>
 #include <cstring>
+#include <optional>
 
 #include "common/base64.hpp"
 #include "common/fd.hpp"
+#include "guest/agent/fs_user.hpp"
 #include "guest/agent/run_as.hpp"
 
 namespace agentvm {
@@ -29,16 +31,21 @@ constexpr size_t read_file_queue_limit = 4 * read_chunk_bytes;
 
 size_t write_file(const WriteFileRequest& request)
 {
+    // Only a named user: without one the call stays root's, as it always was.
+    std::optional<UserFiles> as_user;
+    if (request.user)
+        as_user.emplace(file_call_user(request.user));
     const int flags = O_WRONLY | O_CLOEXEC | (request.append ? O_APPEND : O_TRUNC);
-    // A file this call creates belongs to the image's user (run_as.hpp), as if its commands
-    // had written it; an existing file keeps its owner. O_EXCL tells the two apart.
+    // A file this call creates belongs to the named user (made with its credentials), else to
+    // the image's (run_as.hpp), as if its commands had written it; an existing file keeps its
+    // owner. O_EXCL tells the two apart.
     Fd fd(::open(request.path.c_str(), flags | O_CREAT | O_EXCL, request.mode.value_or(0644)));
     const bool created = static_cast<bool>(fd);
     if (!created && errno == EEXIST)
         fd = Fd(::open(request.path.c_str(), flags));
     if (!fd)
         throw_file_error("open", request.path);
-    if (created) {
+    if (created && !request.user) {
         if (const int error = hand_over(fd.get()); error != 0) {
             errno = error;
             throw_file_error("chown", request.path);
@@ -63,9 +70,17 @@ size_t write_file(const WriteFileRequest& request)
 
 Json read_file(const Json& id, const ReadFileRequest& request, Outbox& outbox)
 {
-    Fd fd(::open(request.path.c_str(), O_RDONLY | O_CLOEXEC));
-    if (!fd)
-        throw_file_error("open", request.path);
+    Fd fd;
+    {
+        // Opening is what the user's rights decide; the reading thread is root's again while
+        // the events wait for the peer.
+        std::optional<UserFiles> as_user;
+        if (request.user)
+            as_user.emplace(file_call_user(request.user));
+        fd = Fd(::open(request.path.c_str(), O_RDONLY | O_CLOEXEC));
+        if (!fd)
+            throw_file_error("open", request.path);
+    }
     struct stat st;
     if (::fstat(fd.get(), &st) != 0)
         throw_file_error("stat", request.path);

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <string>
 
+#include "guest/agent/accounts.hpp"
 #include "guest/agent/run_as.hpp"
 #include "protocol/agent_protocol.hpp"
 
@@ -32,15 +33,21 @@ long fsgid_now()
 
 [[noreturn]] void refuse(const char* step)
 {
-    throw CallError("internal", std::string("taking on the image user's file credentials: ") + step + ": "
+    throw CallError("internal", std::string("taking on the user's file credentials: ") + step + ": "
                                     + std::strerror(errno));
 }
 
 } // namespace
 
-ImageUserFiles::ImageUserFiles()
+std::optional<ImageUser> file_call_user(const std::optional<std::string>& name)
 {
-    const std::optional<ImageUser>& user = run_as();
+    if (name)
+        return find_user(*name).ids;
+    return run_as();
+}
+
+UserFiles::UserFiles(const std::optional<ImageUser>& user)
+{
     if (!user)
         return;
     const long count = ::syscall(SYS_getgroups, 0, nullptr);
@@ -52,9 +59,8 @@ ImageUserFiles::ImageUserFiles()
     saved_fsuid_ = static_cast<uid_t>(fsuid_now());
     saved_fsgid_ = static_cast<gid_t>(fsgid_now());
 
-    const std::vector<gid_t> groups(user->groups.begin(), user->groups.end());
     // Groups, gid, then uid: a failure part way leaves only what restore() undoes.
-    if (::syscall(SYS_setgroups, groups.size(), groups.data()) != 0)
+    if (::syscall(SYS_setgroups, user->groups.size(), user->groups.data()) != 0)
         refuse("setgroups");
     switched_ = true;
     ::syscall(SYS_setfsgid, user->gid);
@@ -71,13 +77,13 @@ ImageUserFiles::ImageUserFiles()
     }
 }
 
-ImageUserFiles::~ImageUserFiles()
+UserFiles::~UserFiles()
 {
     if (switched_)
         restore();
 }
 
-void ImageUserFiles::restore() noexcept
+void UserFiles::restore() noexcept
 {
     // The uid first: back to root it brings the file capabilities back.
     ::syscall(SYS_setfsuid, saved_fsuid_);

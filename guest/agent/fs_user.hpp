@@ -1,6 +1,7 @@
-// File operations on the image user's behalf (run_as.hpp): stat, list_dir, make_dir, move,
-// remove and watch check permissions and create files as that user would, not as root,
-// though the agent stays root.
+// File operations on a user's behalf: stat, list_dir, make_dir, move, remove and watch check
+// permissions and create files as the call's user would, not as root, though the agent stays
+// root. That user is the one the call names ("user", accounts.hpp), else the image's
+// (run_as.hpp); read_file and write_file act so only for a named one.
 //
 // Only the calling thread changes: its file-system uid and gid and its supplementary groups,
 // through the raw system calls (the kernel keeps credentials per thread; glibc's setgroups
@@ -11,19 +12,27 @@
 
 #include <sys/types.h>
 
+#include <optional>
+#include <string>
 #include <vector>
+
+#include "protocol/image_defaults.hpp"
 
 namespace agentvm {
 
-class ImageUserFiles {
+// The user a file call acts as: the one it names (looked up as root, before the switch), else
+// the image's; nullopt for root. Throws CallError(bad_field) for a user the guest does not have.
+std::optional<ImageUser> file_call_user(const std::optional<std::string>& name);
+
+class UserFiles {
 public:
-    // Takes on run_as()'s credentials on this thread; nothing when calls run as root. Throws
+    // Takes on `user`'s credentials on this thread; nothing for nullopt (root). Throws
     // CallError(internal) when the kernel refuses.
-    ImageUserFiles();
+    explicit UserFiles(const std::optional<ImageUser>& user);
     // Back to the thread's own credentials.
-    ~ImageUserFiles();
-    ImageUserFiles(const ImageUserFiles&) = delete;
-    ImageUserFiles& operator=(const ImageUserFiles&) = delete;
+    ~UserFiles();
+    UserFiles(const UserFiles&) = delete;
+    UserFiles& operator=(const UserFiles&) = delete;
 
 private:
     void restore() noexcept;

@@ -184,7 +184,8 @@ Json Interpreter::run(const Json& id, const RunCodeRequest& request, Outbox& out
                        {"status", python_.status_path()},
                        {"result_limit", std::min(request.max_output, max_result_bytes)},
                        {"forms_limit", max_forms_bytes},
-                       {"display_limit", max_displays}};
+                       {"display_limit", max_displays},
+                       {"env", request.env}};
     python_.send(to_line(command));
 
     StatusJson status_line(python_.status_fd(), python_.status_pending(), cell, id, outbox);

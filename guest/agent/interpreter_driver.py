@@ -1,7 +1,7 @@
 # The driver of run_code's persistent interpreter (guest/agent/interpreter.hpp): the agent
 # starts `python3 -u -c <this>` and sends one JSON line per cell on stdin:
 #   {"code": ..., "cell": N, "out": FIFO, "err": FIFO, "status": FIFO, "result_limit": BYTES,
-#    "forms_limit": BYTES, "display_limit": COUNT}
+#    "forms_limit": BYTES, "display_limit": COUNT, "env": {NAME: VALUE, ...}}
 # The cell runs with file descriptors 1 and 2 on the two FIFOs (so what child processes
 # write is the cell's output too), then one JSON line on the status FIFO reports its value
 # (its repr and its rich forms) and exception, with the cell's number. Each display() during
@@ -268,6 +268,25 @@ def run_cell(namespace, code, filename, result_limit):
         return None, False, Forms(0, 0), describe(error, tb.tb_next if tb is not None else None)
 
 
+def set_env(env):
+    """Sets the cell's env in os.environ (so the cell's child processes get it too) and returns
+    what it replaced: each name's value before, None for a name that was not set."""
+    before = {}
+    for name, value in env.items():
+        before[name] = os.environ.get(name)
+        os.environ[name] = value
+    return before
+
+
+def restore_env(before):
+    """Puts back what set_env replaced, whatever the cell did to those names meanwhile."""
+    for name, value in before.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+
+
 def redirect(out_path, err_path):
     for stream in (sys.stdout, sys.stderr):
         try:
@@ -307,7 +326,12 @@ def main():
         Cell.interrupted = False
         redirect(request["out"], request["err"])
         filename = "<cell %d>" % request["cell"]
-        result, truncated, forms, exception = run_cell(namespace, request["code"], filename, request["result_limit"])
+        before = set_env(request.get("env", {}))
+        try:
+            result, truncated, forms, exception = run_cell(namespace, request["code"], filename,
+                                                           request["result_limit"])
+        finally:
+            restore_env(before)
         for stream in (sys.stdout, sys.stderr):
             try:
                 stream.flush()

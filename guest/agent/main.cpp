@@ -19,6 +19,7 @@
 #include <string_view>
 #include <thread>
 
+#include "guest/agent/accounts.hpp"
 #include "guest/agent/child_setup.hpp"
 #include "guest/agent/connection.hpp"
 #include "guest/agent/listen_address.hpp"
@@ -32,7 +33,7 @@ namespace {
 
 constexpr char usage[] =
     "usage: agentvm-agent [--listen vsock:PORT|unix:PATH] [--call-cgroup DIR] [--user-file PATH]\n"
-    "                     [--max-processes N]\n";
+    "                     [--accounts DIR] [--max-processes N]\n";
 
 // Commands get pipes for stdio, but descriptors 0-2 must not be handed out to pipes of
 // our own, or dup2 in a child would clobber them; init may start us with them closed.
@@ -90,6 +91,8 @@ int run(int argc, char** argv)
             call_cgroup = argv[++i];
         } else if (arg == "--user-file" && i + 1 < argc) {
             user_file = argv[++i];
+        } else if (arg == "--accounts" && i + 1 < argc) {
+            set_accounts_dir(argv[++i]);  // passwd and group from there: only for the host tests
         } else if (arg == "--max-processes" && i + 1 < argc) {
             const long count = std::strtol(argv[++i], nullptr, 10);
             if (count < 1 || count > 65536) {

@@ -5,6 +5,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <type_traits>
 
 #include "common/error.hpp"
 #include "guest/read_file.hpp"
@@ -14,8 +15,9 @@ namespace {
 
 // Set once by load_run_as() before any call (and any thread but main) exists; read after.
 std::optional<ImageUser> loaded;
-// The supplementary groups in the kernel's type, ready before any fork.
-std::vector<gid_t> loaded_groups;
+
+// setgroups takes the ids as they are kept, with no copy to make in a forked child.
+static_assert(std::is_same_v<gid_t, uint32_t>);
 
 } // namespace
 
@@ -30,7 +32,6 @@ void load_run_as(const char* path)
     loaded = parse_image_user(*text);
     if (!loaded)
         throw Error(std::string(path) + ": not UID:GID[:GROUP,...]");
-    loaded_groups.assign(loaded->groups.begin(), loaded->groups.end());
 }
 
 const std::optional<ImageUser>& run_as()
@@ -38,17 +39,20 @@ const std::optional<ImageUser>& run_as()
     return loaded;
 }
 
-int drop_to_run_as()
+int drop_to(const ImageUser& user)
 {
-    if (!loaded)
-        return 0;
-    if (::syscall(SYS_setgroups, loaded_groups.size(), loaded_groups.data()) != 0)
+    if (::syscall(SYS_setgroups, user.groups.size(), user.groups.data()) != 0)
         return errno;
-    if (::syscall(SYS_setresgid, loaded->gid, loaded->gid, loaded->gid) != 0)
+    if (::syscall(SYS_setresgid, user.gid, user.gid, user.gid) != 0)
         return errno;
-    if (::syscall(SYS_setresuid, loaded->uid, loaded->uid, loaded->uid) != 0)
+    if (::syscall(SYS_setresuid, user.uid, user.uid, user.uid) != 0)
         return errno;
     return 0;
+}
+
+int drop_to_run_as()
+{
+    return loaded ? drop_to(*loaded) : 0;
 }
 
 int hand_over(int fd)

@@ -18,6 +18,7 @@
 #include "guest/agent/child_setup.hpp"
 #include "guest/agent/drain.hpp"
 #include "common/error.hpp"
+#include "protocol/env_limits.hpp"
 #include "protocol/shell_quote.hpp"
 
 namespace agentvm {
@@ -55,6 +56,45 @@ private:
     std::string& pending_;
 };
 
+// The shell variables that keep, while a command runs with an env of its own, whether the
+// N-th of its names was set and its value then; and the command's status until that is back.
+std::string was_set(size_t n)
+{
+    return "__agentvm_set_" + std::to_string(n);
+}
+
+std::string old_value(size_t n)
+{
+    return "__agentvm_was_" + std::to_string(n);
+}
+
+constexpr char saved_status[] = "__agentvm_status";
+
+// POSIX lines, for sh as for bash.
+std::string export_env(const std::map<std::string, std::string>& env)
+{
+    std::string line;
+    size_t n = 0;
+    for (const auto& [name, value] : env) {
+        line += was_set(n) + "=${" + name + "+x}; " + old_value(n) + "=${" + name + "-}; export " + name + "="
+            + shell_quote(value) + "; ";
+        ++n;
+    }
+    return line;
+}
+
+std::string restore_env(const std::map<std::string, std::string>& env)
+{
+    std::string line;
+    size_t n = 0;
+    for (const auto& [name, value] : env) {
+        line += "if [ -n \"$" + was_set(n) + "\" ]; then " + name + "=$" + old_value(n) + "; else unset " + name
+            + "; fi; unset " + was_set(n) + " " + old_value(n) + "; ";
+        ++n;
+    }
+    return line;
+}
+
 } // namespace
 
 void Shell::start()
@@ -80,8 +120,20 @@ Json Shell::not_run(const Json& id)
                 {"stderr_truncated", false}, {"duration_ms", 0}};
 }
 
-Json Shell::run(const Json& id, const ShellRequest& request, Outbox& outbox, int cancel_fd)
+void Shell::check_env(const std::map<std::string, std::string>& env)
 {
+    for (const auto& [name, value] : env)
+        if (!is_env_name(name))
+            throw CallError("bad_field", "\"env\": \"" + name.substr(0, 64)
+                                             + "\" is not a name a shell can export (letters, digits and _, not a "
+                                               "digit first, at most "
+                                             + std::to_string(max_env_name_bytes) + " bytes)");
+}
+
+Json Shell::run(const Json& id, const ShellRequest& request, Outbox& outbox, int cancel_fd,
+                const std::map<std::string, std::string>& env)
+{
+    check_env(env);
     if (!bash_.running())
         start();
     const std::string n = std::to_string(bash_.next_command());
@@ -93,8 +145,13 @@ Json Shell::run(const Json& id, const ShellRequest& request, Outbox& outbox, int
     };
 
     const Clock::time_point start_time = Clock::now();
-    bash_.send("eval " + shell_quote(request.cmd) + " >" + shell_quote(out.path) + " 2>" + shell_quote(err.path)
-               + " </dev/null 3>&-; printf '%d\\n' \"$?\" >&3\n");
+    const std::string command = "eval " + shell_quote(request.cmd) + " >" + shell_quote(out.path) + " 2>"
+        + shell_quote(err.path) + " </dev/null 3>&-; ";
+    if (env.empty())
+        bash_.send(command + "printf '%d\\n' \"$?\" >&3\n");
+    else
+        bash_.send(export_env(env) + command + saved_status + "=$?; " + restore_env(env) + "printf '%d\\n' \"$"
+                   + saved_status + "\" >&3; unset " + saved_status + "\n");
 
     StatusLine status_line(bash_.status_fd(), bash_.status_pending());
     const Drained drained = drain({bash_.pid(), bash_.cgroup(), bash_.pidfd(), cancel_fd,

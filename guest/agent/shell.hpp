@@ -15,6 +15,7 @@
 // next call then starts a fresh shell, its state lost.
 #pragma once
 
+#include <map>
 #include <optional>
 #include <string>
 
@@ -32,9 +33,17 @@ public:
     // Returns the final response (same shape as exec's). exit_code is bash's $?, so 128+N
     // for a command killed by signal N; signal is set only when bash itself was killed.
     // Throws CallError(spawn_failed) when neither bash nor sh can start.
-    Json run(const Json& id, const ShellRequest& request, Outbox& outbox, int cancel_fd);
+    //
+    // `env` (a bash cell's, run_code's "env"; names the shell can export) is exported for this
+    // command alone: each name is put back afterwards as it was (unset when it was), whatever
+    // the command did to it; a name that was set stays exported.
+    Json run(const Json& id, const ShellRequest& request, Outbox& outbox, int cancel_fd,
+             const std::map<std::string, std::string>& env = {});
     // The response of a call cancelled before its turn: it never ran, the shell is untouched.
     static Json not_run(const Json& id);
+    // Throws CallError(bad_field) unless every name of `env` is one a shell can export: they
+    // go into the shell's command line as they are.
+    static void check_env(const std::map<std::string, std::string>& env);
 
     // Whether the shell runs (it has not ended since its last call), and ending it; not while a
     // call runs.

@@ -51,7 +51,8 @@ struct Pty {
 };
 
 // Both ends close-on-exec from the start (openpty's are not, and another thread may fork).
-Pty open_pty(const PtySize& size)
+// `owner`: who runs the command (nullopt: root), whose terminal it must be to open it again.
+Pty open_pty(const PtySize& size, const std::optional<ImageUser>& owner)
 {
     Pty pty;
     pty.master = Fd(::posix_openpt(O_RDWR | O_NOCTTY | O_CLOEXEC));
@@ -62,9 +63,8 @@ Pty open_pty(const PtySize& size)
         || ::ptsname_r(pty.master.get(), name, sizeof(name)) != 0)
         spawn_failed("pty");
     pty.slave = open_or_fail(name, O_RDWR | O_NOCTTY);
-    // The image's user runs the command: its terminal must be that user's to open again.
-    if (const std::optional<ImageUser>& user = run_as())
-        [[maybe_unused]] int ignored = ::fchown(pty.slave.get(), user->uid, user->gid);
+    if (owner)
+        [[maybe_unused]] int ignored = ::fchown(pty.slave.get(), owner->uid, owner->gid);
     const winsize window{size.rows, size.cols, 0, 0};
     if (::ioctl(pty.master.get(), TIOCSWINSZ, &window) != 0)
         spawn_failed("pty size");
@@ -130,7 +130,7 @@ Json spawn_process(const Json& id, const SpawnRequest& request, ProcessTable& pr
     Fd child_in, child_out, child_err;   // the child's ends
     Fd output, errors, stdin_writer, pty_master;
     if (settings.pty) {
-        Pty pty = open_pty(*settings.pty);
+        Pty pty = open_pty(*settings.pty, plan.user ? plan.user : run_as());
         plan.controlling_tty = true;
         child_in = duplicate(pty.slave);
         child_out = duplicate(pty.slave);

@@ -106,17 +106,30 @@ public:
     // (tests use a positive value: raising it needs no privilege).
     // user_file: the agent's --user-file (the image's /etc/agentvm/user in the guest).
     // max_processes: the agent's --max-processes, when not 0.
-    explicit Agent(int oom_score_adj = 0, const std::string& user_file = "", int max_processes = 0)
+    // accounts: the agent's --accounts, a directory with the passwd and group it reads instead
+    // of /etc's, when not empty.
+    explicit Agent(int oom_score_adj = 0, const std::string& user_file = "", int max_processes = 0,
+                   const std::string& accounts = "")
         : dir_(make_temp_dir()), socket_path_(dir_ + "/agent.sock")
     {
         const std::string adj = std::to_string(oom_score_adj);
         // The calls' user must reach the shell's FIFOs in dir_ (where TMPDIR puts them).
         if (!user_file.empty())
             REQUIRE(::chmod(dir_.c_str(), 0711) == 0);
+        const std::string listen = "unix:" + socket_path_;
+        // Without --user-file, one that no host has: the calls run as root.
+        const std::string users = user_file.empty() ? dir_ + "/no-user-file" : user_file;
+        const std::string max = std::to_string(max_processes);
+        // Made before the fork: a forked child of a threaded test should not allocate.
+        std::vector<const char*> args{AGENTVM_AGENT_BIN, "--listen", listen.c_str(), "--user-file", users.c_str()};
+        if (max_processes != 0)
+            args.insert(args.end(), {"--max-processes", max.c_str()});
+        if (!accounts.empty())
+            args.insert(args.end(), {"--accounts", accounts.c_str()});
+        args.push_back(nullptr);
         pid_ = ::fork();
         REQUIRE(pid_ >= 0);
         if (pid_ == 0) {
-            const std::string listen = "unix:" + socket_path_;
             // The agent's shell FIFOs then go in dir_, removed with it.
             ::setenv("TMPDIR", dir_.c_str(), 1);
             if (oom_score_adj != 0) {
@@ -124,15 +137,7 @@ public:
                 if (fd < 0 || ::write(fd, adj.data(), adj.size()) != static_cast<ssize_t>(adj.size()))
                     ::_exit(126);
             }
-            // Without --user-file, one that no host has: the calls run as root.
-            const std::string users = user_file.empty() ? dir_ + "/no-user-file" : user_file;
-            const std::string max = std::to_string(max_processes);
-            if (max_processes != 0)
-                ::execl(AGENTVM_AGENT_BIN, AGENTVM_AGENT_BIN, "--listen", listen.c_str(), "--user-file", users.c_str(),
-                        "--max-processes", max.c_str(), nullptr);
-            else
-                ::execl(AGENTVM_AGENT_BIN, AGENTVM_AGENT_BIN, "--listen", listen.c_str(), "--user-file", users.c_str(),
-                        nullptr);
+            ::execv(AGENTVM_AGENT_BIN, const_cast<char* const*>(args.data()));
             ::_exit(127);
         }
     }

@@ -263,6 +263,28 @@ Seeds make_seeds()
                                                         R"j("files":{"d/a.txt":"aGk="},"fetch_files":["d/a.txt"]})j") +
                                       post("/run_jupyter", R"j({"cells":["1+1","print(2)"],"kernel":"python3",)j"
                                                            R"j("cell_timeout":5,"total_timeout":10,"files":{}})j")));
+    // E2B's control plane (service/e2b/): no key is needed here, serve runs without a token
+    // and the client is local. Its sandbox traffic is refused at the door without the
+    // sandbox's own token, which an input cannot know: those seeds reach admission only.
+    seeds.emplace_back("e2b-control",
+                       text(post("/v2/sandboxes", R"j({"templateID":"base","timeout":60,"metadata":{"k":"v"},)j"
+                                                  R"j("envVars":{"A":"b"},"autoPause":false})j",
+                                 "X-API-KEY: e2b_0000000000000000000000000000000000000000\r\n") +
+                            get("/v2/sandboxes?metadata=k%3Dv&state=running,paused&limit=1") +
+                            get("/sandboxes/$SB") + get("/sandboxes/$SB/metrics?start=0&end=1") +
+                            post("/sandboxes/$SB/timeout", R"j({"timeout":30})j") +
+                            post("/v2/sandboxes/$SB/connect", R"j({"timeout":30})j") +
+                            post("/sandboxes/$SB/fork", R"j({"count":2,"timeout":10})j") +
+                            post("/sandboxes/$SB/snapshots", R"j({"name":"s"})j") + get("/snapshots?limit=5") +
+                            get("/templates/snap-0", "DELETE") + post("/sandboxes/$SB/pause", "{}") +
+                            get("/sandboxes/$SB", "DELETE")));
+    seeds.emplace_back("e2b-envd", text(post("/process.Process/List", "{}",
+                                             "E2b-Sandbox-Id: $SB\r\nE2b-Sandbox-Port: 49983\r\n"
+                                             "Content-Type: application/json\r\nX-Access-Token: x\r\n") +
+                                        get("/health") +
+                                        post("/execute", R"j({"code":"1"})j",
+                                             "E2b-Sandbox-Id: $SB\r\nE2b-Sandbox-Port: 49999\r\n") +
+                                        get("/files?path=/tmp/a&signature=v1_x&signature_expiration=1")));
     seeds.emplace_back("origin", text(post("/run_code", R"j({"code":"1","language":"bash"})j",
                                            "Origin: http://localhost:3000\r\nAuthorization: Basic eDp5\r\n")));
     return seeds;

@@ -1,6 +1,10 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <functional>
+#include <map>
+#include <optional>
+#include <utility>
 
 #include <string>
 #include <vector>
@@ -240,6 +244,62 @@ TEST_CASE("run_code, stat, list_dir and cancel requests parse")
     CHECK(std::get<CancelRequest>(parse_request(R"({"id":4,"op":"cancel","call":7})").op).call == 7);
     CHECK(request_error_code(R"({"id":4,"op":"cancel"})") == "missing_field");
     CHECK(request_error_code(R"({"id":4,"op":"cancel","call":[7]})") == "bad_field");
+}
+
+TEST_CASE("a call's user: on exec, spawn and every file call, 1-64 bytes without ':', newline or NUL")
+{
+    // Each op with the fields it needs besides "user", and how to read the user back.
+    const std::vector<std::pair<std::string, std::function<std::optional<std::string>(const Request&)>>> ops = {
+        {R"("op":"exec","argv":["id"])", [](const Request& r) { return std::get<ExecRequest>(r.op).user; }},
+        {R"("op":"spawn","argv":["id"])", [](const Request& r) { return std::get<SpawnRequest>(r.op).command.user; }},
+        {R"("op":"stat","path":"/")", [](const Request& r) { return std::get<StatRequest>(r.op).user; }},
+        {R"("op":"list_dir","path":"/")", [](const Request& r) { return std::get<ListDirRequest>(r.op).user; }},
+        {R"("op":"make_dir","path":"/a")", [](const Request& r) { return std::get<MakeDirRequest>(r.op).user; }},
+        {R"("op":"move","from":"/a","to":"/b")", [](const Request& r) { return std::get<MoveRequest>(r.op).user; }},
+        {R"("op":"remove","path":"/a")", [](const Request& r) { return std::get<RemoveRequest>(r.op).user; }},
+        {R"("op":"watch","path":"/a")", [](const Request& r) { return std::get<WatchRequest>(r.op).user; }},
+        {R"("op":"read_file","path":"/a")", [](const Request& r) { return std::get<ReadFileRequest>(r.op).user; }},
+        {R"("op":"write_file","path":"/a","data":"")",
+         [](const Request& r) { return std::get<WriteFileRequest>(r.op).user; }},
+    };
+    const std::string longest(max_user_name_bytes, 'u');
+    for (const auto& op : ops) {
+        const std::string& fields = op.first;
+        const auto& user_of = op.second;
+        CAPTURE(fields);
+        const std::string head = R"({"id":1,)" + fields;
+        CHECK_FALSE(user_of(parse_request(head + "}")));
+        CHECK_FALSE(user_of(parse_request(head + R"(,"user":null})")));
+        CHECK(user_of(parse_request(head + R"(,"user":"user"})")) == std::optional<std::string>("user"));
+        CHECK(user_of(parse_request(head + R"(,"user":"root"})")) == std::optional<std::string>("root"));
+        CHECK(user_of(parse_request(head + R"(,"user":")" + longest + "\"}")) == longest);
+        const std::vector<std::string> refused = {R"("")",    R"(")" + longest + R"(u")", R"("a:b")", R"("a\nb")",
+                                                  R"("a\u0000b")", "7", "[\"user\"]", "true"};
+        for (const std::string& bad : refused) {
+            CAPTURE(bad);
+            CHECK(request_error_code(head + R"(,"user":)" + bad + "}") == "bad_field");
+        }
+    }
+    try {
+        parse_request(R"({"id":1,"op":"exec","argv":["id"],"user":"a:b"})");
+        FAIL("a user with ':' parsed");
+    } catch (const RequestError& e) {
+        CHECK(std::string(e.error.what()).find("\"user\"") != std::string::npos);
+    }
+}
+
+TEST_CASE("run_code's env: an object of strings, as exec's")
+{
+    const auto run = std::get<RunCodeRequest>(
+        parse_request(R"({"id":1,"op":"run_code","code":"1","env":{"A":"1","lower_b":"two words"}})").op);
+    CHECK(run.env == std::map<std::string, std::string>{{"A", "1"}, {"lower_b", "two words"}});
+    CHECK(std::get<RunCodeRequest>(parse_request(R"({"id":1,"op":"run_code","code":"1"})").op).env.empty());
+    CHECK(std::get<RunCodeRequest>(parse_request(R"({"id":1,"op":"run_code","code":"1","env":null})").op).env.empty());
+    for (const std::string bad : {R"(["A"])", R"("A=1")", R"({"A":1})", R"({"A":null})", R"({"A=B":"1"})",
+                                  R"({"":"1"})", R"({"A\u0000":"1"})", R"({"A":"x\u0000y"})"}) {
+        CAPTURE(bad);
+        CHECK(request_error_code(R"({"id":1,"op":"run_code","code":"1","env":)" + bad + "}") == "bad_field");
+    }
 }
 
 TEST_CASE("malformed requests get the documented error codes")

@@ -850,6 +850,25 @@ TEST_CASE("env is merged into spawn requests as into exec requests, and spawn ge
     CHECK(h.agent_reads() == R"({"id":3,"op":"attach","tag":"web"})");
 }
 
+TEST_CASE("env is merged into run_code cells, the cell's own entries winning, and not into a context's creation")
+{
+    Harness h(EpisodeRelay::watchdog_grace, 600);
+    h.request(R"({"id":0,"op":"run_code","code":"1"})");
+    CHECK(h.agent_reads() == R"({"id":0,"op":"run_code","code":"1","timeout":600})");
+    h.request(R"({"id":1,"op":"env","env":{"A":"sandbox","B":"sandbox"}})");
+    CHECK(h.response() == R"({"id":1,"ok":true})");
+    h.request(R"({"id":2,"op":"run_code","code":"1","env":{"A":"cell"},"timeout":5})");
+    const std::string merged = h.agent_reads();
+    CHECK(merged == R"({"id":2,"op":"run_code","code":"1","env":{"A":"cell"},"timeout":5,"env":{"A":"cell","B":"sandbox"}})");
+    CHECK(std::get<RunCodeRequest>(parse_request(merged).op).env
+          == std::map<std::string, std::string>{{"A", "cell"}, {"B", "sandbox"}});
+    h.request(R"({"id":3,"op":"run_code","code":"1","language":"bash"})");
+    CHECK(std::get<RunCodeRequest>(parse_request(h.agent_reads()).op).env
+          == std::map<std::string, std::string>{{"A", "sandbox"}, {"B", "sandbox"}});
+    h.request(R"({"id":4,"op":"create_context","language":"bash"})");
+    CHECK(h.agent_reads() == R"({"id":4,"op":"create_context","language":"bash"})");
+}
+
 TEST_CASE("env is exported before the first shell call, and again only after one that killed the shell")
 {
     Harness h;
