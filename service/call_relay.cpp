@@ -44,7 +44,10 @@ void StreamPacer::after_write()
         return;
     holding_ = true;
     sandbox->hold_output();
-    exchange->on_drained(low_water, [this] { release(); });
+    exchange->on_drained(low_water, [weak = weak_from_this()] {
+        if (auto pacer = weak.lock())
+            pacer->release();
+    });
 }
 
 void StreamPacer::release()

@@ -39,8 +39,9 @@ void forget_call_when_gone(HttpExchange& exchange, const std::shared_ptr<Sandbox
                            std::shared_ptr<StreamPacer> pacer, WhenGone when_gone = WhenGone::forget);
 
 // Backpressure for an answer streamed to a slow client: after a write, holds the sandbox's
-// output while more than high_water is unread, until it drains below low_water.
-class StreamPacer {
+// output while more than high_water is unread, until it drains below low_water. Made with
+// make_shared: the exchange's drain callback holds it weakly, as the exchange may outlive it.
+class StreamPacer : public std::enable_shared_from_this<StreamPacer> {
 public:
     static constexpr size_t high_water = size_t{4} << 20;
     static constexpr size_t low_water = size_t{1} << 20;

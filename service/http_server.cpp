@@ -262,6 +262,14 @@ void HttpExchange::abort()
     wake();
 }
 
+void HttpExchange::park()
+{
+    if (suspended_ || !connection_)
+        return;
+    suspended_ = true;
+    MHD_suspend_connection(connection_);
+}
+
 void HttpExchange::wake()
 {
     if (connection_ && suspended_) {
@@ -281,8 +289,7 @@ long HttpExchange::read_stream(uint64_t /*pos*/, char* buffer, size_t max)
             return MHD_CONTENT_READER_END_OF_STREAM;
         // Nothing yet: park the connection until write() or finish() wakes it (returning 0
         // without suspending would have MHD call again at once, spinning).
-        suspended_ = true;
-        MHD_suspend_connection(connection_);
+        park();
         return 0;
     }
     const size_t n = std::min(ready, max);
@@ -564,11 +571,9 @@ bool HttpServer::answer_or_wait(HttpExchange& exchange)
 {
     if (exchange.answer_ && !exchange.queued_)
         return queue(exchange);
-    if (!exchange.queued_ && !exchange.suspended_) {
-        // The handler answers later: wait without a thread until respond() wakes us.
-        exchange.suspended_ = true;
-        MHD_suspend_connection(exchange.connection_);
-    }
+    // The handler answers later: wait without a thread until respond() wakes us.
+    if (!exchange.queued_)
+        exchange.park();
     return true;
 }
 
@@ -588,18 +593,15 @@ bool HttpServer::take_streamed_body(HttpExchange& exchange, const char* data, si
     if (*size > 0) {
         if (exchange.body_paused_) {
             // Left unconsumed: MHD hands it over again once resume_body() wakes the connection.
-            exchange.suspended_ = true;
-            MHD_suspend_connection(exchange.connection_);
+            exchange.park();
             return true;
         }
         const std::string_view piece(data, *size);
         *size = 0;
         if (exchange.on_body_piece_)
             guard_request(exchange, [&] { exchange.on_body_piece_(piece); });
-        if (exchange.body_paused_ && !exchange.answer_) {
-            exchange.suspended_ = true;
-            MHD_suspend_connection(exchange.connection_);
-        }
+        if (exchange.body_paused_ && !exchange.answer_)
+            exchange.park();
         return true;  // answered meanwhile: queued once the body is whole (above)
     }
     if (!exchange.body_ended_) {

@@ -132,6 +132,10 @@ private:
         : server_(&server), connection_(connection), method_(std::move(method)), path_(std::move(path))
     {
     }
+    // Suspends the connection until wake(). Never twice: MHD 0.9.75 keeps calling the request
+    // handler with a chunked body's next chunk after the handler suspended (process_request_body
+    // loops per chunk), and suspending a suspended connection corrupts MHD's connection lists.
+    void park();
     void wake();
     void respond_with(const ErrorWriter::Answer& answer, std::optional<int> retry_after_s);
     long read_stream(uint64_t pos, char* buffer, size_t max);
