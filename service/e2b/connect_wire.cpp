@@ -8,24 +8,10 @@
 
 #include "common/base64.hpp"
 #include "protocol/json_depth.hpp"
+#include "service/e2b/e2b_request.hpp"
 
 namespace agentvm {
 namespace {
-
-// The media type of a Content-Type, lower-cased, without parameters or spaces around it.
-std::string media_type(std::string_view content_type)
-{
-    const size_t semicolon = content_type.find(';');
-    std::string_view type = content_type.substr(0, semicolon);
-    while (!type.empty() && (type.front() == ' ' || type.front() == '\t'))
-        type.remove_prefix(1);
-    while (!type.empty() && (type.back() == ' ' || type.back() == '\t'))
-        type.remove_suffix(1);
-    std::string lower(type);
-    std::transform(lower.begin(), lower.end(), lower.begin(),
-                   [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-    return lower;
-}
 
 std::string text_of(const Json& message)
 {

@@ -6,6 +6,7 @@
 
 #include "protocol/json_depth.hpp"
 #include "service/e2b/e2b_errors.hpp"
+#include "service/e2b/e2b_request.hpp"
 #include "service/native/native_wire.hpp"
 #include "service/problem.hpp"
 
@@ -17,23 +18,6 @@ constexpr std::string_view v1_sandboxes = "/sandboxes/";
 constexpr std::string_view templates = "/templates/";
 // The templateIDs the SDKs ask for when given none: serve's default pool.
 constexpr std::string_view default_templates[] = {"base", "code-interpreter-v1"};
-
-void require_method(const HttpExchange& exchange, const char* method)
-{
-    if (exchange.method() != method)
-        throw RefusedRequest(ServiceError::method_not_allowed, fmt::format("{} takes {}", exchange.path(), method));
-}
-
-// An empty body is read as {}: the SDK sends one for every POST, but curl need not.
-Json json_body(const HttpExchange& exchange)
-{
-    if (exchange.body().empty())
-        return Json::object();
-    Json body = Json::parse(exchange.body(), nullptr, false);
-    if (!body.is_object())
-        throw RefusedRequest(ServiceError::bad_json, "the body must be a JSON object");
-    return body;
-}
 
 void respond_json(HttpExchange& exchange, int status, const Json& value)
 {

@@ -15,7 +15,7 @@
 namespace agentvm {
 namespace {
 
-HttpServer::Admission refused(HttpServer::Admission admission, ServiceError code, std::string message)
+HttpServer::Admission with_refusal(HttpServer::Admission admission, ServiceError code, std::string message)
 {
     admission.refusal = Refusal{code, std::move(message), std::nullopt};
     return admission;
@@ -85,7 +85,7 @@ HttpServer::Admission EnvdFiles::admit(HttpExchange& head, const std::string& sa
     admission.errors = &e2b_http_errors();
     const bool read = head.method() == "GET";
     if (!read && head.method() != "POST")
-        return refused(std::move(admission), ServiceError::bad_field,
+        return with_refusal(std::move(admission), ServiceError::bad_field,
                        fmt::format("/files takes GET (read a file) or POST (write files), not {}", head.method()));
     FileAccess access;
     access.access_token = head.header("X-Access-Token");
@@ -95,7 +95,7 @@ HttpServer::Admission EnvdFiles::admit(HttpExchange& head, const std::string& sa
     access.user = head.query("username").value_or("");
     access.operation = read ? "read" : "write";
     if (std::optional<std::string> why = file_access_refusal(tokens_, sandbox_id, access, unix_now()))
-        return refused(std::move(admission), ServiceError::unauthorized, std::move(*why));
+        return with_refusal(std::move(admission), ServiceError::unauthorized, std::move(*why));
     if (!routed_sandbox(manager_, sandbox_id)) {
         admission.refusal = sandbox_not_running(manager_, sandbox_id);
         return admission;

@@ -9,6 +9,7 @@
 
 #include "protocol/utf8.hpp"
 #include "service/call_relay.hpp"
+#include "service/e2b/e2b_request.hpp"
 #include "service/e2b/multipart_body.hpp"
 #include "service/file_writer.hpp"
 #include "service/native/native_wire.hpp"
@@ -29,16 +30,6 @@ std::string base_name(const std::string& path)
 {
     const size_t slash = path.rfind('/');
     return slash == std::string::npos ? path : path.substr(slash + 1);
-}
-
-// "Multipart/Form-Data; boundary=x" -> "multipart/form-data".
-std::string media_type(const std::string& content_type)
-{
-    std::string type = content_type.substr(0, content_type.find(';'));
-    type.erase(0, type.find_first_not_of(" \t"));
-    type.erase(type.find_last_not_of(" \t") + 1);
-    std::transform(type.begin(), type.end(), type.begin(), [](unsigned char c) { return std::tolower(c); });
-    return type;
 }
 
 class FilesUpload : public std::enable_shared_from_this<FilesUpload> {

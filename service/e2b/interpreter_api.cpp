@@ -6,6 +6,7 @@
 #include "service/call_relay.hpp"
 #include "service/client_auth.hpp"
 #include "service/e2b/e2b_errors.hpp"
+#include "service/e2b/e2b_request.hpp"
 #include "service/e2b/interpreter_wire.hpp"
 #include "service/e2b/sandbox_route.hpp"
 #include "service/native/native_wire.hpp"
@@ -21,28 +22,6 @@ constexpr size_t max_execute_body = size_t{8} << 20;
 constexpr size_t max_summary_code = 1024;
 // Counts are pruned of ended sandboxes once this many sandboxes have some.
 constexpr size_t counts_pruned_past = 256;
-
-void require_method(const HttpExchange& exchange, const char* method)
-{
-    if (exchange.method() != method)
-        throw RefusedRequest(ServiceError::method_not_allowed,
-                             fmt::format("{} takes {}, not {}", exchange.path(), method, exchange.method()));
-}
-
-// The body as a JSON object; an empty body is {} (the SDK sends none to restart and remove).
-Json json_body(const HttpExchange& exchange)
-{
-    if (exchange.body().empty())
-        return Json::object();
-    // Before anything parses it: what is done with a parsed body recurses.
-    if (!json_depth_within(exchange.body()))
-        throw RefusedRequest(ServiceError::bad_json,
-                             fmt::format("the body nests arrays and objects deeper than {} levels", max_json_depth));
-    Json body = Json::parse(exchange.body(), nullptr, false);
-    if (!body.is_object())
-        throw RefusedRequest(ServiceError::bad_json, "the body must be a JSON object");
-    return body;
-}
 
 // A call whose answer is the request's whole answer: `on_success` makes it from a good one.
 void answer_call(const std::shared_ptr<Sandbox>& sandbox, const std::shared_ptr<HttpExchange>& exchange,
