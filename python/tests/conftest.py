@@ -149,6 +149,10 @@ class Serve:
 _serve: Dict[str, Serve] = {}
 
 
+def pytest_configure(config: Any) -> None:
+    config.addinivalue_line("markers", "no_guest: boots no guest (tests/run_all.sh runs these on the host)")
+
+
 @pytest.fixture(scope="session")
 def serve() -> Iterator[Serve]:
     s = Serve()

@@ -7,7 +7,11 @@ import subprocess
 import sys
 import tempfile
 
+import pytest
+
 from conftest import PYTHON_DIR, tmp_root
+
+pytestmark = pytest.mark.no_guest  # boots nothing: tests/run_all.sh runs it on the host
 
 
 def test_pip_install_offline() -> None:

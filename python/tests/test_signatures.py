@@ -14,6 +14,8 @@ import pytest
 import agentvm
 from agentvm import sandbox as module
 
+pytestmark = pytest.mark.no_guest  # boots nothing: tests/run_all.sh runs it on the host
+
 TWINS = [
     (module.Sandbox, module.AsyncSandbox),
     (module.Commands, module.AsyncCommands),

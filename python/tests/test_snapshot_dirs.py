@@ -17,6 +17,8 @@ import pytest
 from agentvm import _snapshots
 from agentvm._snapshots import ManagedDir
 
+pytestmark = pytest.mark.no_guest  # boots nothing: tests/run_all.sh runs it on the host
+
 
 @pytest.fixture
 def runtime(tmp_path: Any, monkeypatch: Any) -> str:

@@ -12,6 +12,8 @@ import pytest
 
 from conftest import PYTHON_DIR
 
+pytestmark = pytest.mark.no_guest  # boots nothing: tests/run_all.sh runs it on the host
+
 OLDEST_PYTHON = "3.9"  # pyproject.toml's requires-python
 
 

@@ -1,14 +1,16 @@
-// Twenty sandboxes driven at once from one process: each created with its own envVars, given
-// a command and a file round trip, listed together, then killed.
+// Many sandboxes driven at once from one process: each created with its own envVars, given a
+// command and a file round trip, listed together, then killed. Twenty where guests run on
+// hardware KVM; six in the emulated test host, where twenty take 85 s of the tier's time and
+// check nothing more.
 import assert from 'node:assert/strict';
 import { randomBytes } from 'node:crypto';
 import test, { describe } from 'node:test';
 
 import { Sandbox } from 'e2b';
 
-import { allPages, requestTimeoutMs, runId, sh, testTimeoutMs } from './support.mjs';
+import { allPages, inTesthost, requestTimeoutMs, runId, sh, testTimeoutMs } from './support.mjs';
 
-const count = 20;
+const count = inTesthost ? 6 : 20;
 
 describe('concurrency', () => {
   test(`${count} sandboxes at once`, { timeout: testTimeoutMs * 2 }, async (t) => {
@@ -20,7 +22,7 @@ describe('concurrency', () => {
     t.after(() => Promise.all(sbxs.map((s) => s.kill({ requestTimeoutMs }).catch(() => {}))));
     const failures = created.filter((c) => c.status === 'rejected').map((c) => String(c.reason));
     assert.deepEqual(failures, [], `${failures.length} of ${count} creates failed`);
-    assert.equal(new Set(sbxs.map((s) => s.sandboxId)).size, count, 'twenty different sandboxes');
+    assert.equal(new Set(sbxs.map((s) => s.sandboxId)).size, count, `${count} different sandboxes`);
 
     const results = await Promise.all(sbxs.map(async (s, i) => {
       const doubled = await sh(s, 'echo $N > /tmp/n.txt && echo $((N * 2))');
@@ -33,7 +35,7 @@ describe('concurrency', () => {
       assert.equal(back, `host ${i}`, `sandbox ${i}: the file written to it`);
     });
 
-    const listed = (await allPages(Sandbox.list({ query: { metadata: { group } }, limit: 7, requestTimeoutMs }))).flat();
+    const listed = (await allPages(Sandbox.list({ query: { metadata: { group } }, limit: 4, requestTimeoutMs }))).flat();
     assert.deepEqual(listed.map((s) => s.sandboxId).sort(), sbxs.map((s) => s.sandboxId).sort());
 
     const killed = await Promise.all(sbxs.map((s) => s.kill({ requestTimeoutMs })));

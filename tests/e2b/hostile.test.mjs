@@ -196,10 +196,9 @@ describe('hostile', () => {
       // A server may answer early and close while the body is still being sent.
       r = { status: 0, error: e };
     }
-    if (r.status !== 0) {
-      if (r.status === 200) streamError(r, ['resource_exhausted', 'invalid_argument']);
-      else httpError(r, [400, 413]);
-    }
+    // Refused in Connect's shape: before the stream (429, as Connect pairs resource_exhausted),
+    // or as the stream's end.
+    if (r.status !== 0) streamError(r, ['resource_exhausted', 'invalid_argument']);
     await stillAnswers();
   });
 

@@ -1,6 +1,6 @@
 """What the vm-tier check scripts share: a failed expectation, and running named cases so that
-each prints "ok <case>: <what was seen>" or "FAIL <case>: <why>", which the doctest wrappers
-look for one by one."""
+each prints "ok <case>: <what was seen> [<seconds> s]" or "FAIL <case>: <why> [<seconds> s]",
+which the doctest wrappers look for one by one."""
 import time
 import traceback
 
@@ -32,11 +32,17 @@ def rises(read, within, what):
 def run_case(name, fn, *args, expected=()):
     """Runs fn(*args); True when it returned (its result is what was seen). Exceptions of the
     `expected` types are plain failures; anything else also prints its traceback."""
+    started = time.monotonic()
+
+    def took():  # each case's time, to see where a tier's goes
+        return f"[{time.monotonic() - started:.1f} s]"
+
     try:
-        print(f"ok {name}: {fn(*args)}", flush=True)
+        seen = fn(*args)
+        print(f"ok {name}: {seen} {took()}", flush=True)
         return True
     except (Failed, *expected) as e:
-        print(f"FAIL {name}: {e}", flush=True)
+        print(f"FAIL {name}: {e} {took()}", flush=True)
     except Exception:
-        print(f"FAIL {name}: {traceback.format_exc()}", flush=True)
+        print(f"FAIL {name}: {traceback.format_exc()} {took()}", flush=True)
     return False

@@ -59,11 +59,13 @@ export class Serve {
     const key = e2bShapedKey();
     const tokenFile = join(dir, 'token');
     writeFileSync(tokenFile, key, { mode: 0o600 });
-    const logPath = join(dir, 'serve.log');
+    // E2B_TIER_SERVE_LOG=PATH keeps serve's log, at level debug, where it outlives the run.
+    const logPath = process.env.E2B_TIER_SERVE_LOG || join(dir, 'serve.log');
+    const logLevel = process.env.E2B_TIER_SERVE_LOG ? 'debug' : 'warn';
     // A port taken between freePort() and serve's bind makes serve exit; try another.
     for (let attempt = 1; ; attempt++) {
       const port = await freePort();
-      const args = ['--log-level', 'warn', '--listen', `tcp:127.0.0.1:${port}`, '--token-file', tokenFile,
+      const args = ['--log-level', logLevel, '--listen', `tcp:127.0.0.1:${port}`, '--token-file', tokenFile,
         '--mem-reserve', '256', '--state-dir', join(dir, 'state')];
       for (const [name, count] of Object.entries(pools)) args.push('--pool', `${name}=${count}`);
       if (templateStore) args.push('--template-store', templateStore);

@@ -73,7 +73,7 @@ writeFileSync(entry, files.map((f) => `import ${JSON.stringify(pathToFileURL(f).
 say(`starting agentvm-serve (pools ${JSON.stringify(pools)})`);
 let serve;
 try {
-  serve = await Serve.start({ binary: join(build, 'agentvm-serve'), pools,
+  serve = await Serve.start({ binary: process.env.E2B_TIER_SERVE || join(build, 'agentvm-serve'), pools,
     templateStore: process.env.E2B_TIER_TEMPLATE_STORE });
 } catch (e) {
   rmSync(entryDir, { recursive: true, force: true });
