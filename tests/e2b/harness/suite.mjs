@@ -114,7 +114,9 @@ const env = {
 // Never E2B's own cloud, whatever the caller's environment says.
 delete env.E2B_DOMAIN;
 delete env.E2B_DEBUG;
-runner = spawn(process.execPath, ['--test', '--test-reporter=spec', '--test-reporter-destination=stdout',
+// --test-force-exit: the run ends with its last test, not when the SDKs' sockets and timers
+// (keep-alive connections, a refused upload's unsent body) let the process go.
+runner = spawn(process.execPath, ['--test', '--test-force-exit', '--test-reporter=spec', '--test-reporter-destination=stdout',
   '--test-reporter=tap', `--test-reporter-destination=${tapPath}`,
   `--test-reporter=${join(tierDir, 'harness', 'timing.mjs')}`, '--test-reporter-destination=stderr',
   ...nodeOptions, entry],
