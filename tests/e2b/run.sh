@@ -7,7 +7,7 @@
 #          tests/e2b/run.sh tests/e2b/files.test.mjs
 #
 # Needs tests/e2b/install.sh first (setup.sh runs it) and build/ built. The results, in TAP,
-# go to build/e2b-tests.tap (tests/run_all.sh counts them); a readable report to stdout.
+# go to build/e2b-tests.tap (tests/run_all.sh counts them); a readable report to stderr.
 set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$repo"

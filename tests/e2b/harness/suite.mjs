@@ -6,11 +6,11 @@
 //
 //   node tests/e2b/harness/suite.mjs [NODE_TEST_OPTIONS...] [FILE.test.mjs...]
 //
-// The report goes to stdout (node's spec reporter) and, in TAP, to build/e2b-tests.tap. The
+// The report goes to stderr (node's spec reporter) and, in TAP, to build/e2b-tests.tap. The
 // exit status is node's, or 1 when serve did not stop clean.
 import { spawn, spawnSync } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
-import { mkdtempSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
+import { closeSync, mkdtempSync, openSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath, pathToFileURL } from 'node:url';
@@ -115,11 +115,16 @@ const env = {
 delete env.E2B_DOMAIN;
 delete env.E2B_DEBUG;
 // --test-force-exit: the run ends with its last test, not when the SDKs' sockets and timers
-// (keep-alive connections, a refused upload's unsent body) let the process go.
-runner = spawn(process.execPath, ['--test', '--test-force-exit', '--test-reporter=spec', '--test-reporter-destination=stdout',
-  '--test-reporter=tap', `--test-reporter-destination=${tapPath}`,
+// (keep-alive connections, a refused upload's unsent body) let the process go. Exiting so
+// drops what a reporter still had to write to a file destination (the TAP's closing counts),
+// so the TAP goes to the runner's stdout, which is the TAP file (written synchronously), and
+// the readable report to stderr.
+const tapFd = openSync(tapPath, 'w');
+runner = spawn(process.execPath, ['--test', '--test-force-exit', '--test-reporter=spec',
+  '--test-reporter-destination=stderr', '--test-reporter=tap', '--test-reporter-destination=stdout',
   `--test-reporter=${join(tierDir, 'harness', 'timing.mjs')}`, '--test-reporter-destination=stderr',
   ...nodeOptions, entry],
-{ stdio: ['ignore', 'inherit', 'inherit'], env, cwd: repo });
+{ stdio: ['ignore', tapFd, 'inherit'], env, cwd: repo });
+closeSync(tapFd);
 const status = await new Promise((resolve) => runner.on('exit', (code, signal) => resolve(code ?? 128 + 9)));
 await finish(status);
