@@ -8,7 +8,6 @@
 #include <sys/un.h>
 #include <unistd.h>
 
-#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -24,6 +23,7 @@
 #include "service/e2b/file_access.hpp"
 #include "service/e2b/multipart_body.hpp"
 #include "service/http_server.hpp"
+#include "tests/support/loop_with_client.hpp"
 
 using namespace agentvm;
 
@@ -156,9 +156,8 @@ std::string serve_one(const std::string& content_type, const std::string& body, 
     };
     HttpServer server(loop, std::move(listeners), options);
 
-    std::atomic<bool> done = false;
     std::string answer;
-    std::thread client([&] {
+    test::run_loop_with_client(loop, [&] {
         const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
         sockaddr_un address{};
         address.sun_family = AF_UNIX;
@@ -179,17 +178,7 @@ std::string serve_one(const std::string& content_type, const std::string& body, 
                 answer.append(buffer, static_cast<size_t>(got));
         }
         ::close(fd);
-        done = true;
     });
-    std::unique_ptr<LoopTimer> poll;
-    poll = std::make_unique<LoopTimer>(loop, [&] {
-        if (done)
-            return loop.stop();
-        poll->arm(std::chrono::milliseconds(5));
-    });
-    poll->arm(std::chrono::milliseconds(5));
-    loop.run();
-    client.join();
     std::filesystem::remove_all(dir_name);
     return answer;
 }

@@ -9,12 +9,10 @@
 #include <sys/un.h>
 #include <unistd.h>
 
-#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <memory>
-#include <thread>
 
 #include <fmt/format.h>
 
@@ -22,6 +20,7 @@
 #include "core/loop_timer.hpp"
 #include "service/http_server.hpp"
 #include "service/native/native_wire.hpp"
+#include "tests/support/loop_with_client.hpp"
 
 using namespace agentvm;
 
@@ -97,23 +96,12 @@ TEST_CASE("a chunked body paused after every piece arrives whole, and the server
     }
     request += "0\r\n\r\n";
 
-    std::atomic<bool> done = false;
     std::string upload_answer;
     std::string later_answer;
-    std::thread client([&] {
+    test::run_loop_with_client(loop, [&] {
         upload_answer = exchange_over(socket_path, request);
         later_answer = exchange_over(socket_path, "GET /other HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
-        done = true;
     });
-    std::unique_ptr<LoopTimer> poll;
-    poll = std::make_unique<LoopTimer>(loop, [&] {
-        if (done)
-            return loop.stop();
-        poll->arm(std::chrono::milliseconds(5));
-    });
-    poll->arm(std::chrono::milliseconds(5));
-    loop.run();
-    client.join();
     std::filesystem::remove_all(dir_name);
 
     CHECK(upload_answer.starts_with("HTTP/1.1 200"));
