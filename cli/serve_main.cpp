@@ -70,6 +70,9 @@ int main(int argc, char** argv)
                    "unix:PATH (mode 0600) or tcp:HOST:PORT, repeatable (default: unix:/run/agentvm/serve.sock "
                    "as root)");
     app.add_option("--token-file", token_file, "file holding the token every request must carry");
+    app.add_option("--node-id", config.sandboxes.node_id,
+                   "what every sandbox id starts with, so that a router in front of many hosts finds a sandbox's "
+                   "host from its id: 1-32 of a-z, 0-9 and '-' (default: the host's short name)");
     app.add_flag("--no-auth", no_auth, "allow a TCP listener without a token (loopback addresses only)");
     app.add_option("--pool", pools,
                    "NAME=N: keep N VMs of a snapshot ready (NAME: default, set-up's snapshot; a snapshot "

@@ -1,6 +1,5 @@
 #include "service/sandbox_manager.hpp"
 
-#include <sys/random.h>
 
 #include <algorithm>
 #include <utility>
@@ -9,6 +8,7 @@
 #include <spdlog/spdlog.h>
 
 #include "common/error.hpp"
+#include "service/sandbox_ids.hpp"
 #include "service/vm_priority.hpp"
 
 namespace agentvm {
@@ -22,10 +22,22 @@ double seconds_since(Sandbox::Clock::time_point start)
     return std::chrono::duration<double>(Sandbox::Clock::now() - start).count();
 }
 
+// The config with its node and instance ids filled in where it left them empty.
+ManagerConfig with_ids(ManagerConfig config)
+{
+    if (config.node_id.empty())
+        config.node_id = default_node_id();
+    else if (const std::string problem = node_id_problem(config.node_id); !problem.empty())
+        throw Error(fmt::format("node id '{}': {}", config.node_id, problem));
+    if (config.instance_id.empty())
+        config.instance_id = new_instance_id();
+    return config;
+}
+
 } // namespace
 
 SandboxManager::SandboxManager(EventLoop& loop, ManagerConfig config, HostProbes probes)
-    : loop_(loop), config_(std::move(config)), probes_(std::move(probes)), cpu_weights_(cpu_weights_supported()),
+    : loop_(loop), config_(with_ids(std::move(config))), probes_(std::move(probes)), cpu_weights_(cpu_weights_supported()),
       admission_(config_.max_sandboxes, config_.mem_reserve_mib, probes_.available_mib, [this] { return live_vms(); }),
       pools_(config_.pools, config_.refill_concurrency, config_.pool_warmup, admission_,
              [this](Pool& pool) { start_vm(pool, true); }, probes_.now),
@@ -58,12 +70,7 @@ size_t SandboxManager::live_vms() const
 std::string SandboxManager::new_id() const
 {
     for (;;) {
-        unsigned char bytes[8];
-        if (::getrandom(bytes, sizeof bytes, 0) != sizeof bytes)
-            throw_errno("getrandom for a sandbox id");
-        std::string id = "sb-";
-        for (unsigned char b : bytes)
-            id += fmt::format("{:02x}", b);
+        std::string id = new_sandbox_id(config_.node_id, config_.instance_id);
         if (!by_id_.contains(id) && !ended_.contains(id))
             return id;
     }

@@ -29,6 +29,10 @@ namespace agentvm {
 
 struct ManagerConfig {
     std::string program;  // the agentvm binary
+    // What every sandbox id starts with (service/sandbox_ids.hpp): --node-id, else the host's
+    // short name; and this serve's instance, drawn when empty.
+    std::string node_id;
+    std::string instance_id;
     std::vector<PoolConfig> pools;
     unsigned max_sandboxes = 64;  // VMs in all: warm, starting, handed out (not those stopping)
     uint64_t mem_reserve_mib = 1024;

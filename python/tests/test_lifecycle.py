@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -23,7 +24,8 @@ def test_identity_kill_and_context_manager(target: dict) -> None:
     with Sandbox(**target) as sb:
         assert sb.is_running()
         assert sb.mode == ("service" if target else "embedded")
-        assert sb.sandbox_id.startswith("sb-" if target else "ep-")
+        # A service's ids name its node and serve instance: "<node>-<6 hex>-<16 hex>".
+        assert re.fullmatch(r"[a-z0-9-]+-[0-9a-f]{6}-[0-9a-f]{16}" if target else r"ep-.+", sb.sandbox_id)
         assert isinstance(sb.pid, int) and alive(sb.pid)
         assert sb.restored is True
         episode = sb.pid

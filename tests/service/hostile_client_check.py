@@ -166,7 +166,7 @@ class Server:
         try:
             s.sendall(raw)
             status, answer = read_answer(s, timeout)
-            created = re.search(rb'"id":"(sb-[0-9a-f]+)"', answer) if status == 201 else None
+            created = re.search(rb'"id":"([a-z0-9-]+-[0-9a-f]{6}-[0-9a-f]{16})"', answer) if status == 201 else None
             if created:
                 self.json_call("DELETE", f"/v1/sandboxes/{created.group(1).decode()}")
             return status, answer

@@ -1,0 +1,38 @@
+// Sandbox ids that name their node and serve instance (service/sandbox_ids.hpp).
+#include <doctest/doctest.h>
+
+#include <set>
+
+#include "service/sandbox_ids.hpp"
+
+using namespace agentvm;
+
+TEST_CASE("node ids: DNS-label-like, lower case, without a double hyphen")
+{
+    for (const char* good : {"h1", "node-017", "a", "gpu-rack3-n12"})
+        CHECK_MESSAGE(node_id_problem(good).empty(), good);
+    for (const char* bad : {"", "Node1", "-h1", "h1-", "h--1", "h_1", "h.1", "h 1"})
+        CHECK_MESSAGE(!node_id_problem(bad).empty(), bad);
+    CHECK(node_id_problem(std::string(max_node_id, 'n')).empty());
+    CHECK(!node_id_problem(std::string(max_node_id + 1, 'n')).empty());
+}
+
+TEST_CASE("a new id names its node and instance, and parses back; anything else does not parse")
+{
+    const std::string instance = new_instance_id();
+    CHECK(instance.size() == instance_hex);
+    std::set<std::string> seen;
+    for (int i = 0; i < 100; ++i) {
+        const std::string id = new_sandbox_id("gpu-rack3-n12", instance);
+        seen.insert(id);
+        const auto parts = parse_sandbox_id(id);
+        REQUIRE(parts);
+        CHECK(parts->node == "gpu-rack3-n12");
+        CHECK(parts->instance == instance);
+    }
+    CHECK(seen.size() == 100);
+    for (const char* bad : {"sb-0123456789abcdef", "h1-abc123-0123456789abcde", "h1-ABC123-0123456789abcdef",
+                            "h1-abc1230123456789abcdef0", "-abc123-0123456789abcdef", "H1-abc123-0123456789abcdef",
+                            "h1-abc123-0123456789abcdeg", "abc123-0123456789abcdef", ""})
+        CHECK_MESSAGE(!parse_sandbox_id(bad), bad);
+}
