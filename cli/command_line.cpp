@@ -9,6 +9,7 @@
 #include "agentvm_config.hpp"
 #include "cli/boot_command.hpp"
 #include "cli/episode_command.hpp"
+#include "cli/fleet_command.hpp"
 #include "episode/exit_codes.hpp"
 #include "cli/logging.hpp"
 #include "cli/run_command.hpp"
@@ -52,6 +53,8 @@ int run_command_line(int argc, char** argv)
         add_plan_command(app),
     };
     for (Subcommand& command : add_template_commands(app))
+        commands.push_back(std::move(command));
+    for (Subcommand& command : add_fleet_commands(app))
         commands.push_back(std::move(command));
 
     try {

@@ -116,6 +116,17 @@ int main(int argc, char** argv)
                    "seconds running calls may take to finish after SIGTERM before their VMs are stopped")
         ->capture_default_str()
         ->check(CLI::Range(0u, 86400u));
+    std::string agent_check;
+    app.add_option("--agent-check", agent_check,
+                   "tcp:HOST:PORT: answer HAProxy's agent check there with this node's state and free capacity "
+                   "(\"ready up N%\", \"drain\" or \"maint\"; docs/api.md)");
+    std::vector<std::string> peer_specs;
+    std::string peers_file;
+    app.add_option("--peer", peer_specs,
+                   "NODE=http://HOST:PORT: another node of the fleet, whose sandboxes this node's lists include "
+                   "(docs/api.md, \"Listing across a fleet\"); repeatable; the one named by --node-id is skipped, so every node may get the "
+                   "same list");
+    app.add_option("--peers-file", peers_file, "a file of --peer entries, one NODE=URL a line, # comments");
     app.add_option("--log-level", log_level, "trace, debug, info, warn, error, critical or off")->capture_default_str();
     try {
         app.parse(argc, argv);
@@ -143,8 +154,25 @@ int main(int argc, char** argv)
             listen.push_back("unix:" + default_socket());
         for (const std::string& text : listen)
             config.listen.push_back(parse_listen_spec(text));
+        if (!agent_check.empty()) {
+            config.agent_check = parse_listen_spec(agent_check);
+            if (!config.agent_check->tcp)
+                throw Error(fmt::format("--agent-check {}: HAProxy's agent check speaks TCP: give tcp:HOST:PORT",
+                                        agent_check));
+        }
         if (!token_file.empty())
             config.token = read_token(token_file);
+        for (const std::string& text : peer_specs) {
+            try {
+                config.peers.push_back(parse_peer(text));
+            } catch (const Error& e) {
+                throw Error(fmt::format("--peer: {}", e.what()));
+            }
+        }
+        if (!peers_file.empty())
+            for (Peer& peer : read_peers_file(peers_file))
+                config.peers.push_back(std::move(peer));
+        peers_besides(config.peers, "");  // a node or URL named twice is refused before serve starts
         for (const ListenSpec& spec : config.listen) {
             if (!spec.tcp || config.token)
                 continue;

@@ -179,7 +179,16 @@ void HttpExchange::refuse(const Refusal& refusal)
         respond(500, "internal error\n", "text/plain");
         return;
     }
-    respond_with(errors_->refusal(refusal), refusal.retry_after_s);
+    ErrorWriter::Answer answer = errors_->refusal(refusal);
+    // Behind a fleet's front door (docs/fleet.md), which marks what it balances with
+    // Agentvm-Front-Door: a create this node has no room for is answered 503, which HAProxy
+    // retries on another node (it retries no 429), naming the refusal so that HAProxy answers
+    // 429 again when every node it tried was full.
+    if (refusal.code == ServiceError::at_capacity && header("Agentvm-Front-Door")) {
+        answer.status = 503;
+        add_header("Agentvm-Refusal", std::string(error_name(refusal.code)));
+    }
+    respond_with(answer, refusal.retry_after_s);
 }
 
 void HttpExchange::respond_agent_error(const std::string& code, const std::string& message)

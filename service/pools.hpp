@@ -34,6 +34,10 @@ struct Pool {
     unsigned warming = 0;       // ready, running the warm-up call
     unsigned vms = 0;           // started and not yet ended, of every kind
     unsigned failures_in_row = 0;
+    // Every VM start of the pool, refill's and creates' alike, for the fleet's maint
+    // (service/fleet/capacity_report.hpp): failed ones since the last that got to ready.
+    unsigned starts_failed_in_row = 0;
+    Sandbox::Clock::time_point last_start_failure{};
     Sandbox::Clock::time_point next_refill{};
     uint64_t created_warm = 0;
     uint64_t created_cold = 0;

@@ -9,6 +9,7 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <utility>
 
 namespace agentvm {
 
@@ -37,6 +38,8 @@ enum class ServiceError {
     memory_reserve,      // the host is under its memory reserve
     draining,            // serve is shutting down and takes no new work
     shutting_down,       // serve stopped while the request waited for its answer
+    sandbox_lost,        // the sandbox's node is gone or its serve restarted (docs/fleet.md)
+    idempotency_conflict,  // a create's Idempotency-Key was used with another request
 };
 
 // The code's name on every wire ("bad_json", ...).
@@ -45,9 +48,15 @@ std::string_view error_name(ServiceError code);
 std::span<const ServiceError> all_service_errors();
 
 struct Refusal {
+    Refusal(ServiceError error_code, std::string text, std::optional<int> retry_after = std::nullopt,
+            std::string lost_node = {})
+        : code(error_code), message(std::move(text)), retry_after_s(retry_after), node(std::move(lost_node))
+    {
+    }
     ServiceError code;
     std::string message;
     std::optional<int> retry_after_s;  // when a retry may succeed
+    std::string node;  // the node a sandbox_lost names, for the wires that carry it apart
 };
 
 // A request refused while it is parsed or routed; caught by the facade that routes it.

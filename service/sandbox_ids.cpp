@@ -83,4 +83,22 @@ std::optional<SandboxIdParts> parse_sandbox_id(std::string_view id)
     return SandboxIdParts{std::string(node), std::string(rest.substr(1, instance_hex))};
 }
 
+std::optional<Refusal> lost_sandbox(std::string_view id, std::string_view node, std::string_view instance)
+{
+    const std::optional<SandboxIdParts> parts = parse_sandbox_id(id);
+    if (!parts || (parts->node == node && parts->instance == instance))
+        return std::nullopt;
+    if (parts->node != node)
+        return Refusal{ServiceError::sandbox_lost,
+                       fmt::format("sandbox {} lives on node {}, which did not take this request (node {} did): "
+                                   "that node is down or cannot be reached",
+                                   id, parts->node, node),
+                       std::nullopt, parts->node};
+    return Refusal{ServiceError::sandbox_lost,
+                   fmt::format("sandbox {} was lost when serve on node {} restarted (it belonged to serve instance "
+                               "{}; this one is {})",
+                               id, node, parts->instance, instance),
+                   std::nullopt, parts->node};
+}
+
 } // namespace agentvm

@@ -10,6 +10,8 @@
 #include <string>
 #include <string_view>
 
+#include "service/problem.hpp"
+
 namespace agentvm {
 
 inline constexpr size_t max_node_id = 32;
@@ -36,5 +38,12 @@ struct SandboxIdParts {
 };
 // The node and instance of an id made by new_sandbox_id; nullopt for anything else.
 std::optional<SandboxIdParts> parse_sandbox_id(std::string_view id);
+
+// The sandbox_lost refusal for an id this serve does not have but can tell was made, rather
+// than never made: an id of another node (a router sends a request here when the id's node
+// is down or unreachable) or of this node under an earlier serve instance (the sandbox was
+// lost with that serve). nullopt for an id of this serve, or one of no node. Callers look for
+// a running, paused or remembered sandbox first.
+std::optional<Refusal> lost_sandbox(std::string_view id, std::string_view node, std::string_view instance);
 
 } // namespace agentvm

@@ -155,6 +155,8 @@ void SandboxManager::create(const std::string& pool_name, Sandbox::Settings sett
         start_for(*pool, std::move(settings), requested, SnapshotHold(), std::move(done));
     } catch (const Error& e) {
         metrics_.count_failure("start_failed");
+        ++pool->starts_failed_in_row;
+        pool->last_start_failure = probes_.now();
         const Refusal refusal{ServiceError::start_failed, e.what(), std::nullopt};
         return done(nullptr, &refusal);
     }
@@ -181,6 +183,7 @@ void SandboxManager::hand_out(Vm& vm, Sandbox::Settings settings, Sandbox::Clock
 void SandboxManager::on_ready(Sandbox& sandbox)
 {
     Vm& vm = vms_.at(&sandbox);
+    vm.pool->starts_failed_in_row = 0;
     if (vm.refill)
         return pools_.refill_ready(*vm.pool, vm.sandbox);
     CreateDone done = std::exchange(vm.waiting, nullptr);
@@ -196,6 +199,8 @@ void SandboxManager::on_exit(Sandbox& sandbox, const std::string& why)
     if (!sandbox.ready()) {
         metrics_.count_failure("start_failed");
         spdlog::error("pool {}: a VM failed to start: {}", pool.config.name, why);
+        ++pool.starts_failed_in_row;
+        pool.last_start_failure = probes_.now();
         if (vm.refill)
             pools_.refill_failed(pool);
         if (vm.waiting) {
@@ -331,6 +336,29 @@ void SandboxManager::check_drained()
         drained_ = nullptr;
         done();
     }
+}
+
+CapacityInputs SandboxManager::capacity_inputs() const
+{
+    CapacityInputs in;
+    in.node_id = config_.node_id;
+    in.draining = admission_.closed();
+    in.running = live_vms();
+    in.max_sandboxes = config_.max_sandboxes;
+    in.reserve_mib = admission_.reserve_mib();
+    try {
+        in.available_mib = admission_.available_mib();
+    } catch (const Error&) {
+        in.available_mib = 0;  // unreadable: admission refuses every cold start too
+    }
+    for (const auto& [name, pool] : pools_.configured()) {
+        in.warm += static_cast<unsigned>(
+            std::count_if(pool.warm.begin(), pool.warm.end(), [](const Sandbox* s) { return !s->stopping(); }));
+        in.warm_target += pool.config.target;
+        in.pools.push_back(PoolStarts{name, pool.starts_failed_in_row, pool.last_start_failure});
+    }
+    in.now = probes_.now();
+    return in;
 }
 
 std::string SandboxManager::metrics_text() const

@@ -19,6 +19,7 @@
 #include "core/event_loop.hpp"
 #include "core/loop_timer.hpp"
 #include "service/admission.hpp"
+#include "service/fleet/capacity_report.hpp"
 #include "service/pools.hpp"
 #include "service/problem.hpp"
 #include "service/sandbox.hpp"
@@ -123,6 +124,8 @@ public:
     void drain(std::chrono::milliseconds grace, std::function<void()> done);
 
     std::string metrics_text() const;
+    // What the balancer is told (service/fleet/capacity_report.hpp): /healthz and --agent-check.
+    CapacityInputs capacity_inputs() const;
 
 private:
     struct Vm {

@@ -22,6 +22,8 @@
 #include "common/fd.hpp"
 #include "core/event_loop.hpp"
 #include "core/loop_timer.hpp"
+#include "service/fleet/agent_check_listener.hpp"
+#include "service/fleet/peer_fetcher.hpp"
 #include "service/served_apis.hpp"
 #include "service/http_server.hpp"
 #include "templates/template_store.hpp"
@@ -169,9 +171,34 @@ int run_serve(const ServeConfig& config)
             socket_files.paths.push_back(spec.path);
     }
 
+    Fd agent_check_socket;
+    if (config.agent_check) {
+        if (!config.agent_check->tcp)
+            throw Error(fmt::format("--agent-check {}: HAProxy's agent check speaks TCP: give tcp:HOST:PORT",
+                                    config.agent_check->text()));
+        try {
+            agent_check_socket = listen_tcp(config.agent_check->host, config.agent_check->port);
+        } catch (const Error& e) {
+            throw Error(fmt::format("--agent-check: {}", e.what()));
+        }
+    }
+
     EventLoop loop;
     SandboxManager manager(loop, config.sandboxes);
-    ServedApis apis(manager, config.token);
+    // Answers until serve ends, draining included: the balancer hears "drain" while the HTTP
+    // listeners are already closed.
+    std::optional<AgentCheckListener> agent_check;
+    if (agent_check_socket)
+        agent_check.emplace(loop, std::move(agent_check_socket),
+                            [&manager] { return capacity_report(manager.capacity_inputs()).agent_line(); });
+    // The peers' lists are asked for on this loop (peer_fetcher.hpp); none when this node is alone.
+    std::optional<PeerFetcher> peers;
+    if (std::vector<Peer> others = peers_besides(config.peers, manager.config().node_id); !others.empty()) {
+        for (const Peer& peer : others)
+            spdlog::info("fleet lists include node {} at {}", peer.node, peer.url);
+        peers.emplace(loop, std::move(others));
+    }
+    ServedApis apis(manager, config.token, peers ? &*peers : nullptr);
     HttpServer::Options options;
     options.admit = [&apis](HttpExchange& head) { return apis.admit(head); };
     options.max_connections = connection_budget(config.sandboxes.max_sandboxes);
@@ -213,6 +240,8 @@ int run_serve(const ServeConfig& config)
     });
     for (const ListenSpec& spec : config.listen)
         spdlog::info("serving on {}{}", spec.text(), config.token ? " (token required)" : "");
+    if (config.agent_check)
+        spdlog::info("HAProxy agent check on {}", config.agent_check->text());
     spdlog::info("connections: at most {} per listener, {} per client address on TCP; request headers due within "
                  "{} s",
                  listener_share, options.max_connections_per_address, options.header_timeout.count());

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "service/fleet/peers.hpp"
 #include "service/listen_spec.hpp"
 #include "service/sandbox_manager.hpp"
 
@@ -18,6 +19,11 @@ struct ServeConfig {
     std::optional<std::string> token;  // every request must carry it when set
     ManagerConfig sandboxes;
     std::chrono::seconds drain_grace{30};
+    // --peer and --peers-file: the fleet's nodes whose lists this node's lists gather
+    // (docs/fleet.md); the one with this node's id is left out.
+    std::vector<Peer> peers;
+    // --agent-check: where HAProxy's agent check asks for this node's state and weight (TCP).
+    std::optional<ListenSpec> agent_check;
 };
 
 // "NAME=N": NAME is "default" (set-up's snapshot, what `agentvm episode` restores without

@@ -2,8 +2,8 @@
 
 namespace agentvm {
 
-ServedApis::ServedApis(SandboxManager& manager, const std::optional<std::string>& token)
-    : e2b_(manager, token), fusion_(manager, token), native_(manager, token)
+ServedApis::ServedApis(SandboxManager& manager, const std::optional<std::string>& token, PeerFetcher* peers)
+    : e2b_(manager, token, peers), fusion_(manager, token), native_(manager, token, peers)
 {
     router_.add(e2b_);
     router_.add(fusion_);

@@ -15,8 +15,9 @@ namespace agentvm {
 
 class ServedApis {
 public:
-    // `token`: required of every request when set (client_auth.hpp).
-    ServedApis(SandboxManager& manager, const std::optional<std::string>& token);
+    // `token`: required of every request when set (client_auth.hpp). `peers`: the fleet's other
+    // nodes, whose lists the native and E2B lists gather (service/fleet/peer_listing.hpp).
+    ServedApis(SandboxManager& manager, const std::optional<std::string>& token, PeerFetcher* peers = nullptr);
     ServedApis(const ServedApis&) = delete;
     ServedApis& operator=(const ServedApis&) = delete;
 

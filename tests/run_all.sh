@@ -104,17 +104,30 @@ e2b_tier() {
   echo "$status" >build/e2b-tests.status
   return "$status"
 }
+# The fleet tier (tests/fleet/run.sh: one boot; Slurm, HAProxy and three serves in network
+# namespaces) comes after them on the same core. Its TAP (build/fleet-tests.tap) is counted
+# below, its exit status too.
+fleet_tier() {
+  local status=0
+  AGENTVM_TESTHOST_QUIET=1 tests/fleet/run.sh || status=$?
+  echo "$status" >build/fleet-tests.status
+  return "$status"
+}
 client_tiers() {
   local status=0 t0=$SECONDS
   python_tier || status=1
   say "the Python client's tests took $((SECONDS - t0))s; the E2B tier (tests/e2b/run.sh):"
   t0=$SECONDS
   e2b_tier || status=1
-  say "the E2B tier took $((SECONDS - t0))s"
+  say "the E2B tier took $((SECONDS - t0))s; the fleet tier (tests/fleet/run.sh):"
+  t0=$SECONDS
+  fleet_tier || status=1
+  say "the fleet tier took $((SECONDS - t0))s"
   return "$status"
 }
 # never count or show an earlier run's
-rm -f build/python-host-tests.xml build/python-tests.xml build/python-tests.log build/e2b-tests.tap build/e2b-tests.status
+rm -f build/python-host-tests.xml build/python-tests.xml build/python-tests.log build/e2b-tests.tap build/e2b-tests.status \
+  build/fleet-tests.tap build/fleet-tests.status
 beside=0
 [[ $(tests/testhost/run --where) == testhost ]] && beside=1
 say "every tier (build/)$( ((beside)) && echo ", and the Python client's and the E2B tier beside it")"
@@ -138,7 +151,7 @@ else
 fi
 
 python3 - build-asan/meson-logs/testlog.json build-fuzz/meson-logs/testlog.json build/meson-logs/testlog.json \
-  build/python-host-tests.xml build/python-tests.xml build/e2b-tests.tap <<'PY'
+  build/python-host-tests.xml build/python-tests.xml build/e2b-tests.tap build/fleet-tests.tap <<'PY'
 import json, re, sys
 import xml.etree.ElementTree as ElementTree
 passed = failed = skipped = 0
@@ -150,8 +163,8 @@ for path in sys.argv[1:]:
         print(f"tests: {path} missing: those tests never ran", file=sys.stderr)
         continue
     if path.endswith(".tap"):
-        # node --test's TAP ends with its counts ("# pass N", "# fail N", ...) over every test
-        # of every file; a cancelled test (its file died, a hook failed) did not pass. A tier
+        # node --test's TAP (and the fleet tier's) ends with its counts ("# pass N", "# fail N",
+        # ...) over every test of every file; a cancelled test (its file died, a hook failed) did not pass. A tier
         # that failed without a failed test (serve left something behind) counts one more.
         counts = dict(re.findall(r"(?m)^# (pass|fail|cancelled|skipped|todo) (\d+)$", text))
         if "pass" not in counts or "fail" not in counts:

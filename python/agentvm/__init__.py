@@ -7,11 +7,12 @@ embedded (an ``agentvm episode`` subprocess on this host) or through ``agentvm s
 from __future__ import annotations
 
 from .errors import (AgentError, AgentvmError, BinaryNotFound, CallTimeout, CommandFailed, NotFound,
-                     SandboxDied, ServiceError, StartFailed, Timeout)
+                     SandboxDied, SandboxLost, ServiceError, StartFailed, Timeout)
 from .models import (CodeContext, CommandResult, EntryInfo, Execution, ExecutionError, FileInfo, FilesystemEvent,
                      ProcessInfo, ProcessResult)
 from ._commands import AsyncCommandHandle
 from ._files import EntryList
+from ._http import SandboxList
 from ._lifecycle import AsyncSandbox
 from ._processes import AsyncProcess, AsyncPty
 from ._sync import CommandHandle, Process, Pty, Sandbox, WatchHandle
@@ -21,9 +22,9 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Sandbox", "AsyncSandbox", "CommandHandle", "AsyncCommandHandle",
-    "CommandResult", "Execution", "ExecutionError", "FileInfo", "EntryInfo", "EntryList",
+    "CommandResult", "Execution", "ExecutionError", "FileInfo", "EntryInfo", "EntryList", "SandboxList",
     "Process", "AsyncProcess", "Pty", "AsyncPty", "ProcessResult", "ProcessInfo",
     "WatchHandle", "AsyncWatchHandle", "FilesystemEvent", "CodeContext",
-    "AgentvmError", "AgentError", "NotFound", "SandboxDied", "StartFailed", "ServiceError",
+    "AgentvmError", "AgentError", "NotFound", "SandboxDied", "SandboxLost", "StartFailed", "ServiceError",
     "Timeout", "CallTimeout", "CommandFailed", "BinaryNotFound",
 ]

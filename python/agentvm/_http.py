@@ -24,7 +24,7 @@ from typing import Any, Awaitable, Callable, Dict, Iterable, List, Mapping, Opti
 
 from ._common import (DEFAULT_GRACE, MAX_LINE_BYTES, FileData, OnEvent, OnRef, StreamValue, cancel_quietly,
                       wait_answer)
-from .errors import (AgentvmError, CallTimeout, SandboxDied, ServiceError, error_from_protocol)
+from .errors import (AgentvmError, CallTimeout, SandboxDied, SandboxLost, ServiceError, error_from_protocol)
 
 _executor_lock = threading.Lock()
 _executor: Optional[ThreadPoolExecutor] = None
@@ -262,14 +262,18 @@ def _retrieve(fut: "asyncio.Future[Any]") -> None:
 
 def http_error(resp: Response) -> AgentvmError:
     """The exception for a non-2xx answer of serve."""
+    node: Optional[str] = None
     try:
         doc = json.loads(resp.data)
         code = str(doc["error"])
         message = str(doc.get("message", ""))
-    except (ValueError, KeyError, TypeError):
+        node = doc["node"] if isinstance(doc.get("node"), str) else None
+    except (ValueError, KeyError, TypeError, AttributeError):
         code = f"http_{resp.status}"
         message = resp.data[:500].decode("utf-8", errors="replace")
     status = resp.status
+    if code == "sandbox_lost":
+        return SandboxLost(code, message, status=status, node=node)
     if status == 404 and code == "not_found":
         m = _ENDED.match(message)
         if m:
@@ -388,7 +392,7 @@ class ServiceTransport:
                    soft_timeout: float, hard_timeout: Optional[float] = None,
                    on_ref: Optional[OnRef] = None) -> Dict[str, Any]:
         if self._gone is not None:
-            raise SandboxDied(self._gone.code, self._gone.message, status=self._gone.status)
+            raise _again(self._gone)
         loop = asyncio.get_running_loop()
         ctx = _Ctx()
         stream = bool(body.get("stream"))
@@ -559,6 +563,65 @@ class ServiceTransport:
 
     def info(self) -> Mapping[str, Any]:
         return dict(self.described)
+
+
+def _again(gone: SandboxDied) -> SandboxDied:
+    """A new exception saying again why the sandbox is gone, of the same class (a lost sandbox
+    stays :class:`SandboxLost`)."""
+    if isinstance(gone, SandboxLost):
+        return SandboxLost(gone.code, gone.message, status=gone.status, node=gone.node)
+    return SandboxDied(gone.code, gone.message, status=gone.status)
+
+
+UNREACHED_HEADER = "agentvm-unreached-nodes"
+
+
+class SandboxList(List[Dict[str, Any]]):
+    """:meth:`AsyncSandbox.list`'s answer: serve's sandbox objects (docs/api.md, as
+    :meth:`info` gives them), and ``unreached_nodes``: the nodes of a fleet whose sandboxes are
+    missing from it, each with why (``{"n3": "could not connect"}``; empty when every node
+    answered, or when serve has no peers)."""
+
+    unreached_nodes: Dict[str, str]
+
+    def __init__(self, sandboxes: Iterable[Dict[str, Any]] = (),
+                 unreached_nodes: Optional[Mapping[str, str]] = None) -> None:
+        super().__init__(sandboxes)
+        self.unreached_nodes = dict(unreached_nodes or {})
+
+
+def _unreached_from_header(value: str) -> Dict[str, str]:
+    """``Agentvm-Unreached-Nodes: n2 (could not connect); n3 (…)`` as {node: problem}."""
+    out: Dict[str, str] = {}
+    for part in value.split("; "):
+        node, sep, problem = part.partition(" (")
+        if node and sep:
+            out[node] = problem[:-1] if problem.endswith(")") else problem
+    return out
+
+
+async def list_sandboxes(client: HttpClient) -> SandboxList:
+    """``GET /v1/sandboxes``: every sandbox of the service (of the whole fleet when serve has
+    peers), with the nodes that could not be heard."""
+    resp = await client.request("GET", "/v1/sandboxes", soft=30.0)
+    if resp.status != 200:
+        raise http_error(resp)
+    try:
+        doc = resp.json()
+        sandboxes = doc["sandboxes"]
+        if not isinstance(sandboxes, list):
+            raise TypeError("not a list")
+    except (ValueError, KeyError, TypeError) as e:
+        raise AgentvmError("bad_answer", f"GET /v1/sandboxes: serve's answer is not a list: {resp.data[:200]!r}") from e
+    unreached: Dict[str, str] = {}
+    listed = doc.get("unreached")
+    if isinstance(listed, list):
+        for entry in listed:
+            if isinstance(entry, dict) and isinstance(entry.get("node"), str):
+                unreached[entry["node"]] = str(entry.get("problem", ""))
+    elif resp.headers.get(UNREACHED_HEADER):
+        unreached = _unreached_from_header(resp.headers[UNREACHED_HEADER])
+    return SandboxList(sandboxes, unreached)
 
 
 def _touching(chunks: Iterable[bytes], ctx: _Ctx) -> Iterable[bytes]:

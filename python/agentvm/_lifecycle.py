@@ -15,7 +15,7 @@ from ._common import DEFAULT_GRACE, DEFAULT_START_TIMEOUT, MAX_CALL_TIMEOUT, Tra
 from ._contexts import ContextRef
 from ._episode import EpisodeTransport
 from ._files import AsyncFiles
-from ._http import HttpClient, ServiceTransport
+from ._http import HttpClient, SandboxList, ServiceTransport, list_sandboxes
 from ._processes import AsyncPty, attachments_suspended, paused_error
 from ._validate import MAX_FORK_COUNT, MAX_SANDBOX_TIMEOUT
 from ._watch import watches_suspended
@@ -146,6 +146,23 @@ class AsyncSandbox:
                                                 extra_args=user_args, envs=env, grace=g, start_timeout=st)
         return cls(episode, envs=env, metadata={}, timeout=t)._track()
 
+    @classmethod
+    async def list(cls, *, url: Optional[str] = None, token: Optional[str] = None) -> SandboxList:
+        """Every sandbox of ``agentvm serve`` at ``url`` (or ``$AGENTVM_URL``), running and
+        paused, as serve describes them (docs/api.md; what :meth:`info` gives). Asked of a fleet
+        (a serve with peers, or the fleet's front door) it holds every node's sandboxes, and
+        ``unreached_nodes`` names the nodes that did not answer, with why (``{"n3": "could not
+        connect"}``): the list is then partial (docs/fleet.md). Service mode only."""
+        if url is None:
+            url = os.environ.get("AGENTVM_URL") or None
+        if url is None:
+            raise ValueError("list is for service mode: give url= or set AGENTVM_URL")
+        if token is None:
+            token = os.environ.get("AGENTVM_TOKEN") or None
+        if token is not None:
+            valid.text("token", token)
+        return await list_sandboxes(HttpClient.get(valid.text("url", url), token))
+
     # -- fork and pause --------------------------------------------------------------------------
 
     async def fork(self, count: int = 1, *, start_timeout: float = DEFAULT_START_TIMEOUT) -> List[AsyncSandbox]:
@@ -182,7 +199,7 @@ class AsyncSandbox:
 
     @property
     def sandbox_id(self) -> str:
-        """serve's sandbox id (``sb-…``), or ``ep-PID`` for an embedded episode."""
+        """serve's sandbox id (``NODE-INSTANCE-RANDOM``), or ``ep-PID`` for an embedded episode."""
         return self._transport.sandbox_id
 
     @property

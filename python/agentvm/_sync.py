@@ -11,6 +11,7 @@ from ._commands import AsyncCommandHandle, AsyncCommands, OnDisplay, Output
 from ._common import DEFAULT_GRACE, DEFAULT_START_TIMEOUT
 from ._contexts import ContextRef
 from ._files import AsyncFiles, Data, EntryList
+from ._http import SandboxList
 from ._lifecycle import AsyncSandbox
 from ._processes import AsyncProcess, AsyncPty, PidOrTag, PtyOutput, Signal
 from ._watch import AsyncWatchHandle, OnFilesystemEvent
@@ -345,6 +346,11 @@ class Sandbox:
         return cls._wrap(_loop.run(AsyncSandbox.resume(
             sandbox_id, url=url, token=token, timeout=timeout, envs=envs, binary=binary,
             start_timeout=start_timeout, grace=grace, agentvm_args=agentvm_args, snapshot_dir=snapshot_dir)))
+
+    @classmethod
+    def list(cls, *, url: Optional[str] = None, token: Optional[str] = None) -> SandboxList:
+        """As :meth:`AsyncSandbox.list`."""
+        return _loop.run(AsyncSandbox.list(url=url, token=token))
 
     def fork(self, count: int = 1, *, start_timeout: float = DEFAULT_START_TIMEOUT) -> List[Sandbox]:
         """As :meth:`AsyncSandbox.fork`."""

@@ -16,6 +16,7 @@ __all__ = [
     "AgentError",
     "NotFound",
     "SandboxDied",
+    "SandboxLost",
     "StartFailed",
     "ServiceError",
     "Timeout",
@@ -71,6 +72,19 @@ class SandboxDied(AgentvmError):
         self.stderr_tail = stderr_tail
 
 
+class SandboxLost(SandboxDied):
+    """``sandbox_lost`` (HTTP 410 from ``agentvm serve``): the sandbox's node is gone, or its
+    serve was restarted, so the sandbox is lost with it (docs/fleet.md). Nothing the sandbox's
+    code did caused it: a trainer counts it as an infrastructure failure, not a wrong answer,
+    and may run the episode again in a new sandbox. ``node`` is the node that held it, when
+    serve names it. A :class:`SandboxDied`: the sandbox is as gone as one whose VM died."""
+
+    def __init__(self, code: str, message: str, *, status: Optional[int] = None,
+                 node: Optional[str] = None) -> None:
+        super().__init__(code, message, status=status)
+        self.node = node
+
+
 class StartFailed(AgentvmError):
     """``start_failed``: the sandbox's VM did not start (the message has agentvm's reason)."""
 
@@ -124,6 +138,8 @@ class BinaryNotFound(AgentvmError, FileNotFoundError):
 
 def error_from_protocol(code: str, message: str, *, status: Optional[int] = None) -> AgentvmError:
     """The exception for a protocol error object ``{"code":…, "message":…}``."""
+    if code == "sandbox_lost":
+        return SandboxLost(code, message, status=status)
     if code in SANDBOX_DEATH_CODES:
         return SandboxDied(code, message, status=status)
     if code == "not_found":

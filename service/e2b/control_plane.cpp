@@ -5,10 +5,13 @@
 #include <fmt/format.h>
 
 #include "protocol/json_depth.hpp"
+#include "service/create_once.hpp"
 #include "service/e2b/e2b_errors.hpp"
+#include "service/e2b/e2b_fleet_list.hpp"
 #include "service/e2b/e2b_request.hpp"
 #include "service/native/native_wire.hpp"
 #include "service/problem.hpp"
+#include "service/sandbox_ids.hpp"
 
 namespace agentvm {
 namespace {
@@ -39,18 +42,25 @@ void refuse(HttpExchange& exchange, const Refusal& refusal)
     exchange.refuse(refusal);
 }
 
-std::string not_found_message(SandboxManager& manager, const std::string& id)
+// A sandbox serve has neither running nor paused: not found, as E2B's API answers for a
+// sandbox it no longer has ({"code": 404}), with a message that starts "sandbox_lost:" when
+// the sandbox's node is gone or its serve restarted (docs/fleet.md).
+[[noreturn]] void throw_not_found(SandboxManager& manager, const std::string& id)
 {
     if (const std::optional<std::string> reason = manager.ended_reason(id))
-        return fmt::format("sandbox {} not found: it has ended ({})", id, *reason);
-    return fmt::format("sandbox {} not found", id);
+        throw RefusedRequest(ServiceError::not_found, fmt::format("sandbox {} not found: it has ended ({})", id, *reason));
+    if (auto lost = lost_sandbox(id, manager.config().node_id, manager.config().instance_id))
+        throw RefusedRequest(ServiceError::not_found, fmt::format("sandbox_lost: {}", lost->message));
+    throw RefusedRequest(ServiceError::not_found, fmt::format("sandbox {} not found", id));
 }
 
 // As the native API does: sandboxes made for a client that closed its connection while it
-// waited would have no owner who knows their ids.
-bool removed_if_client_closed(SandboxManager& manager, HttpExchange& exchange, const std::vector<std::string>& ids)
+// waited, and that no repeat of the create under its Idempotency-Key waits for (`once`), would
+// have no owner who knows their ids.
+bool removed_if_client_closed(SandboxManager& manager, HttpExchange& exchange, const std::vector<std::string>& ids,
+                              const CreateOnce& once = CreateOnce())
 {
-    if (!exchange.client_closed())
+    if (once.made(exchange, ids))
         return false;
     for (const std::string& id : ids)
         if (auto sandbox = manager.find(id))
@@ -154,10 +164,17 @@ void E2bControlPlane::create(const Exchange& exchange, const Json& body)
     settings.metadata = std::move(request.metadata);
     settings.pause_on_timeout = request.auto_pause;
     Json state{{"templateID", request.template_id}};
-    auto answer = [this, exchange](Sandbox* sandbox, const Refusal* refusal) {
-        if (refusal)
+    std::optional<CreateOnce> once = CreateOnce::begin(
+        creates_, exchange,
+        [this](HttpExchange& repeat, const std::vector<std::string>& ids) { answer_made(repeat, ids.at(0)); });
+    if (!once)
+        return;  // a repeat: answered with what its first create makes, or made
+    auto answer = [this, exchange, once = std::move(*once)](Sandbox* sandbox, const Refusal* refusal) {
+        if (refusal) {
+            once.refused(*refusal);
             return refuse(*exchange, *refusal);
-        if (!removed_if_client_closed(manager_, *exchange, {sandbox->id()}))
+        }
+        if (!removed_if_client_closed(manager_, *exchange, {sandbox->id()}, once))
             respond_json(*exchange, 201, e2b_sandbox_json(view_of(*sandbox)));
     };
 
@@ -194,6 +211,16 @@ void E2bControlPlane::create(const Exchange& exchange, const Json& body)
     manager_.create(pool, std::move(settings), std::move(answer));
 }
 
+void E2bControlPlane::answer_made(HttpExchange& repeat, const std::string& id)
+{
+    if (std::shared_ptr<Sandbox> sandbox = running(manager_, id))
+        return respond_json(repeat, 201, e2b_sandbox_json(view_of(*sandbox)));
+    if (const PausedSandbox* paused = manager_.find_paused(id))
+        return respond_json(repeat, 201, e2b_sandbox_json(view_of(*paused)));
+    // Ended: answered as a request to the sandbox would be now.
+    throw_not_found(manager_, id);
+}
+
 void E2bControlPlane::connect(const Exchange& exchange, const std::string& id, const Json& body)
 {
     const E2bConnect request = parse_e2b_connect(body);
@@ -205,7 +232,7 @@ void E2bControlPlane::connect(const Exchange& exchange, const std::string& id, c
         return respond_json(*exchange, 200, e2b_sandbox_json(view_of(*sandbox)));
     }
     if (!manager_.find_paused(id))
-        throw RefusedRequest(ServiceError::not_found, not_found_message(manager_, id));
+        throw_not_found(manager_, id);
     if (!request.memory)
         throw_bad_field("\"memory\": agentvm does not do a resume from disk alone: its pauses keep the whole VM, "
                         "which a resume restores (leave it out, or true)");
@@ -239,12 +266,34 @@ void E2bControlPlane::list(const Exchange& exchange)
     for (const E2bSandboxView& view : views)
         keys.push_back(PageKey{unix_ms(view.started_at), view.id});
     const Page page = page_of(keys, query.ascending, query.after, query.limit);
-    Json out = Json::array();
+    if (!peers_ || node_scope_only(*exchange)) {
+        Json out = Json::array();
+        for (size_t index : page.entries)
+            out.push_back(e2b_listed_json(views[index]));
+        if (page.next_token)
+            exchange->add_header("X-Next-Token", *page.next_token);
+        return respond_json(*exchange, 200, out);
+    }
+    // The fleet's page (e2b_fleet_list.hpp): this node's page and each peer's, merged.
+    std::vector<E2bListed> local;
     for (size_t index : page.entries)
-        out.push_back(e2b_listed_json(views[index]));
-    if (page.next_token)
-        exchange->add_header("X-Next-Token", *page.next_token);
-    respond_json(*exchange, 200, out);
+        local.push_back(E2bListed{keys[index], e2b_listed_json(views[index])});
+    const std::string target = e2b_list_target([&](const char* name) { return exchange->query(name); });
+    peers_->get_all(target, forwarded_credentials(*exchange),
+                    [peers = peers_, exchange, local = std::move(local), more = page.next_token.has_value(),
+                     query](std::vector<PeerAnswer> answers) mutable {
+                        guard_request(*exchange, [&] {
+                            std::vector<Unreached> unreached;
+                            E2bFleetPage merged =
+                                merge_e2b_lists(std::move(local), more, answers, query.ascending, query.limit, unreached);
+                            peers->log_unreached(unreached);
+                            if (!unreached.empty())
+                                exchange->add_header(unreached_header, unreached_text(unreached));
+                            if (merged.next_token)
+                                exchange->add_header("X-Next-Token", *merged.next_token);
+                            respond_json(*exchange, 200, merged.entries);
+                        });
+                    });
 }
 
 void E2bControlPlane::list_snapshots(const Exchange& exchange)
@@ -284,7 +333,7 @@ void E2bControlPlane::sandbox_request(const Exchange& exchange, const std::strin
         return paused_request(exchange, *paused, action);
     // The fork's SDK reads not-found from the HTTP status, the others from the body's code:
     // a 404 {"code": 404} says it to both.
-    throw RefusedRequest(ServiceError::not_found, not_found_message(manager_, id));
+    throw_not_found(manager_, id);
 }
 
 void E2bControlPlane::running_request(const Exchange& exchange, const std::shared_ptr<Sandbox>& sandbox,

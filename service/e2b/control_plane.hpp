@@ -15,7 +15,9 @@
 
 #include "service/e2b/control_plane_wire.hpp"
 #include "service/e2b/sandbox_tokens.hpp"
+#include "service/fleet/peer_fetcher.hpp"
 #include "service/http_server.hpp"
+#include "service/idempotent_creates.hpp"
 #include "service/sandbox_manager.hpp"
 #include "service/sandbox_usage.hpp"
 
@@ -23,7 +25,11 @@ namespace agentvm {
 
 class E2bControlPlane {
 public:
-    E2bControlPlane(SandboxManager& manager, const SandboxTokens& tokens) : manager_(manager), tokens_(tokens) {}
+    // `peers`: the other nodes of the fleet, whose lists Sandbox.list gathers (none: this node's).
+    E2bControlPlane(SandboxManager& manager, const SandboxTokens& tokens, PeerFetcher* peers = nullptr)
+        : manager_(manager), tokens_(tokens), peers_(peers)
+    {
+    }
 
     // The handler and limits of a control-plane request (authentication is E2bApi's).
     HttpServer::Admission admit(HttpExchange& head);
@@ -34,6 +40,8 @@ private:
     void handle(const Exchange& exchange);
     void route(const Exchange& exchange);
     void create(const Exchange& exchange, const Json& body);
+    // A repeat of a create under its Idempotency-Key: the sandbox `id` its first made, as it is now.
+    void answer_made(HttpExchange& repeat, const std::string& id);
     void connect(const Exchange& exchange, const std::string& id, const Json& body);
     void list(const Exchange& exchange);
     void list_snapshots(const Exchange& exchange);
@@ -52,7 +60,9 @@ private:
 
     SandboxManager& manager_;
     const SandboxTokens& tokens_;
+    PeerFetcher* peers_;
     std::map<std::string, VmShape> shapes_;
+    IdempotentCreates creates_;  // E2B's Idempotency-Keys, apart from the native API's
     CpuMeter cpu_;
 };
 

@@ -33,11 +33,11 @@ HttpServer::Admission refused(ServiceError code, std::string message, const Erro
 
 } // namespace
 
-E2bApi::E2bApi(SandboxManager& manager, std::optional<std::string> token)
+E2bApi::E2bApi(SandboxManager& manager, std::optional<std::string> token, PeerFetcher* peers)
     : manager_(manager),
       token_(std::move(token)),
       tokens_(manager.config().state_dir),
-      control_(manager, tokens_),
+      control_(manager, tokens_, peers),
       envd_(manager, tokens_),
       interpreter_(manager, tokens_)
 {

@@ -30,7 +30,8 @@ class E2bApi : public Facade {
 public:
     // `token`: the X-API-KEY every control-plane request must carry, when set; without one
     // only this host's own clients are let in (client_auth.hpp).
-    E2bApi(SandboxManager& manager, std::optional<std::string> token);
+    // `peers`: the fleet's other nodes, whose lists Sandbox.list gathers (control_plane.hpp).
+    E2bApi(SandboxManager& manager, std::optional<std::string> token, PeerFetcher* peers = nullptr);
 
     bool takes(const HttpExchange& head) const override;
     HttpServer::Admission admit(HttpExchange& head) override;

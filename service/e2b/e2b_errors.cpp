@@ -126,8 +126,10 @@ std::string_view connect_code(ServiceError code)
     case ServiceError::busy:
     case ServiceError::resuming:
     case ServiceError::upload_in_progress:
+    case ServiceError::idempotency_conflict:
         return "failed_precondition";
     case ServiceError::ended:
+    case ServiceError::sandbox_lost:
     case ServiceError::draining:
     case ServiceError::shutting_down:
     case ServiceError::start_failed:

@@ -6,11 +6,13 @@
 #include "protocol/utf8.hpp"
 #include "service/call_relay.hpp"
 #include "service/client_auth.hpp"
+#include "service/create_once.hpp"
 #include "service/create_request.hpp"
 #include "service/file_transfer.hpp"
 #include "service/native/agent_ops.hpp"
 #include "service/native/native_wire.hpp"
 #include "service/problem.hpp"
+#include "service/sandbox_ids.hpp"
 
 namespace agentvm {
 namespace {
@@ -32,13 +34,15 @@ Json json_body(const HttpExchange& exchange)
 }
 
 // Deletes the sandboxes `ids` (a create's, a fork's) when their client closed its connection
-// while it waited for them: nobody else would learn their ids. True when it did (the answer
-// is then not sent). Asked of the socket at the moment of answering: an answer that was sent
-// whole and then read by a client that closed at once is delivered, whatever the HTTP library
-// reports of the connection's end afterwards.
-bool removed_if_client_closed(SandboxManager& manager, HttpExchange& exchange, const std::vector<std::string>& ids)
+// while it waited for them, and no repeat of the create under its Idempotency-Key waits for
+// them (`once`): nobody else would learn their ids. True when it did (the answer is then not
+// sent). Asked of the socket at the moment of answering: an answer that was sent whole and
+// then read by a client that closed at once is delivered, whatever the HTTP library reports
+// of the connection's end afterwards.
+bool removed_if_client_closed(SandboxManager& manager, HttpExchange& exchange, const std::vector<std::string>& ids,
+                              const CreateOnce& once)
 {
-    if (!exchange.client_closed())
+    if (once.made(exchange, ids))
         return false;
     for (const std::string& id : ids)
         if (auto sandbox = manager.find(id))
@@ -132,7 +136,9 @@ void NativeApi::route(const std::shared_ptr<HttpExchange>& exchange)
     const std::string& path = exchange->path();
     if (path == "/healthz") {
         require_method(*exchange, "GET");
-        return exchange->respond(200, "{\"status\":\"ok\"}\n");
+        // The fleet's view of this node (service/fleet/capacity_report.hpp): 503 unless ok.
+        const CapacityReport report = capacity_report(manager_.capacity_inputs());
+        return exchange->respond(report.http_status(), report.json().dump() + "\n");
     }
     if (path == "/metrics") {
         require_method(*exchange, "GET");
@@ -142,12 +148,7 @@ void NativeApi::route(const std::shared_ptr<HttpExchange>& exchange)
         if (exchange->method() == "POST")
             return create(exchange);
         require_method(*exchange, "GET");
-        Json list = Json::array();
-        for (const auto& sandbox : manager_.sandboxes())
-            list.push_back(sandbox_json(*sandbox));
-        for (const PausedSandbox* paused : manager_.paused())
-            list.push_back(paused_json(*paused));
-        return exchange->respond(200, json_text(Json{{"sandboxes", std::move(list)}}));
+        return list(exchange);
     }
     if (path.starts_with(std::string(sandboxes_prefix) + "/")) {
         auto [id, action] = split_sandbox_path(std::string_view(path).substr(sandboxes_prefix.size() + 1));
@@ -156,17 +157,73 @@ void NativeApi::route(const std::shared_ptr<HttpExchange>& exchange)
     throw RefusedRequest(ServiceError::not_found, fmt::format("no such endpoint: {} {}", exchange->method(), path));
 }
 
+void NativeApi::list(const std::shared_ptr<HttpExchange>& exchange)
+{
+    Json local = Json::array();
+    for (const auto& sandbox : manager_.sandboxes())
+        local.push_back(sandbox_json(*sandbox));
+    for (const PausedSandbox* paused : manager_.paused())
+        local.push_back(paused_json(*paused));
+    if (!peers_ || node_scope_only(*exchange))
+        return exchange->respond(200, json_text(Json{{"sandboxes", std::move(local)}}));
+    peers_->get_all(std::string(sandboxes_prefix), forwarded_credentials(*exchange),
+                    [peers = peers_, exchange, local = std::move(local)](std::vector<PeerAnswer> answers) mutable {
+                        guard_request(*exchange, [&] {
+                            std::vector<Unreached> unreached;
+                            Json merged = merge_native_lists(std::move(local), answers, unreached);
+                            peers->log_unreached(unreached);
+                            if (!unreached.empty())
+                                exchange->add_header(unreached_header, unreached_text(unreached));
+                            exchange->respond(200, json_text(merged));
+                        });
+                    });
+}
+
 void NativeApi::create(const std::shared_ptr<HttpExchange>& exchange)
 {
     CreateRequest request = parse_create_request(exchange->body());
     const std::string pool = request.pool.empty() ? manager_.default_pool() : request.pool;
+    std::optional<CreateOnce> once = CreateOnce::begin(
+        creates_, exchange, [this](HttpExchange& repeat, const std::vector<std::string>& ids) {
+            answer_made(repeat, ids, false);
+        });
+    if (!once)
+        return;  // a repeat: answered with what its first create makes, or made
     manager_.create(pool, std::move(request.settings),
-                    [this, exchange](Sandbox* sandbox, const Refusal* refusal) {
-                        if (refusal)
+                    [this, exchange, once = std::move(*once)](Sandbox* sandbox, const Refusal* refusal) {
+                        if (refusal) {
+                            once.refused(*refusal);
                             return exchange->refuse(*refusal);
-                        if (!removed_if_client_closed(manager_, *exchange, {sandbox->id()}))
+                        }
+                        if (!removed_if_client_closed(manager_, *exchange, {sandbox->id()}, once))
                             exchange->respond(201, json_text(sandbox_json(*sandbox)));
                     });
+}
+
+void NativeApi::answer_made(HttpExchange& repeat, const std::vector<std::string>& ids, bool fork)
+{
+    Json list = Json::array();
+    for (const std::string& id : ids) {
+        if (std::shared_ptr<Sandbox> sandbox = manager_.find(id)) {
+            list.push_back(sandbox_json(*sandbox));
+            continue;
+        }
+        if (const PausedSandbox* paused = manager_.find_paused(id)) {
+            list.push_back(paused_json(*paused));
+            continue;
+        }
+        // Ended: a create's repeat is answered as a GET of its sandbox would be; a fork's lists
+        // the child that ended, beside those that did not.
+        const std::optional<std::string> reason = manager_.ended_reason(id);
+        if (!fork)
+            throw RefusedRequest(ServiceError::not_found,
+                                 fmt::format("sandbox {} (made by the create with this Idempotency-Key) has ended ({})",
+                                             id, reason.value_or("its reason is no longer remembered")));
+        list.push_back(Json{{"id", id}, {"state", "ended"}, {"reason", reason ? Json(*reason) : Json(nullptr)}});
+    }
+    if (!fork)
+        return repeat.respond(201, json_text(list.at(0)));
+    repeat.respond(201, json_text(Json{{"sandboxes", std::move(list)}}));
 }
 
 void NativeApi::sandbox_request(const std::shared_ptr<HttpExchange>& exchange, const std::string& id,
@@ -182,6 +239,8 @@ void NativeApi::sandbox_request(const std::shared_ptr<HttpExchange>& exchange, c
     if (!sandbox) {
         if (auto reason = manager_.ended_reason(id))
             throw RefusedRequest(ServiceError::not_found, fmt::format("sandbox {} has ended ({})", id, *reason));
+        if (auto lost = lost_sandbox(id, manager_.config().node_id, manager_.config().instance_id))
+            return exchange->refuse(*lost);
         throw RefusedRequest(ServiceError::not_found, fmt::format("no sandbox {}", id));
     }
     const std::string& method = exchange->method();
@@ -236,14 +295,25 @@ void NativeApi::sandbox_request(const std::shared_ptr<HttpExchange>& exchange, c
         if (body.size() > (body.contains("count") ? 1u : 0u) || !count.is_number_unsigned() || count.get<uint64_t>() == 0 ||
             count.get<uint64_t>() > max_fork_count)
             throw RefusedRequest(ServiceError::bad_field, fmt::format("the body is {{\"count\": N}}, N from 1 to {}", max_fork_count));
+        // A fork makes sandboxes as a create does, and is the slowest create (a live
+        // snapshot): the likeliest to be retried after a client's timeout.
+        std::optional<CreateOnce> once = CreateOnce::begin(
+            creates_, exchange, [this](HttpExchange& repeat, const std::vector<std::string>& ids) {
+                answer_made(repeat, ids, true);
+            });
+        if (!once)
+            return;
         return manager_.fork(*sandbox, count.get<unsigned>(),
-                             [this, exchange](const std::vector<Sandbox*>& children, const Refusal* refusal) {
-                                 if (refusal)
+                             [this, exchange, once = std::move(*once)](const std::vector<Sandbox*>& children,
+                                                                     const Refusal* refusal) {
+                                 if (refusal) {
+                                     once.refused(*refusal);
                                      return exchange->refuse(*refusal);
+                                 }
                                  std::vector<std::string> ids;
                                  for (Sandbox* child : children)
                                      ids.push_back(child->id());
-                                 if (removed_if_client_closed(manager_, *exchange, ids))
+                                 if (removed_if_client_closed(manager_, *exchange, ids, once))
                                      return;
                                  Json list = Json::array();
                                  for (Sandbox* child : children)

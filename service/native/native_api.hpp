@@ -6,17 +6,21 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "service/facade.hpp"
+#include "service/fleet/peer_fetcher.hpp"
+#include "service/idempotent_creates.hpp"
 #include "service/sandbox_manager.hpp"
 
 namespace agentvm {
 
 class NativeApi : public Facade {
 public:
-    // `token`: what client_auth.hpp requires of every request, when set.
-    NativeApi(SandboxManager& manager, std::optional<std::string> token)
-        : manager_(manager), token_(std::move(token))
+    // `token`: what client_auth.hpp requires of every request, when set. `peers`: the other
+    // nodes of the fleet, whose lists GET /v1/sandboxes gathers (none: this node's alone).
+    NativeApi(SandboxManager& manager, std::optional<std::string> token, PeerFetcher* peers = nullptr)
+        : manager_(manager), token_(std::move(token)), peers_(peers)
     {
     }
 
@@ -27,6 +31,11 @@ private:
     void handle(const std::shared_ptr<HttpExchange>& exchange);
     void route(const std::shared_ptr<HttpExchange>& exchange);
     void create(const std::shared_ptr<HttpExchange>& exchange);
+    // GET /v1/sandboxes: this node's, and with peers the fleet's (service/fleet/peer_listing.hpp).
+    void list(const std::shared_ptr<HttpExchange>& exchange);
+    // A repeat of a create (`fork`: of a fork) under its Idempotency-Key: the sandboxes `ids`
+    // its first made, as they are now.
+    void answer_made(HttpExchange& repeat, const std::vector<std::string>& ids, bool fork);
     void paused_request(const std::shared_ptr<HttpExchange>& exchange, const std::string& id,
                         const std::string& action);
     void sandbox_request(const std::shared_ptr<HttpExchange>& exchange, const std::string& id,
@@ -43,6 +52,8 @@ private:
 
     SandboxManager& manager_;
     std::optional<std::string> token_;
+    PeerFetcher* peers_;
+    IdempotentCreates creates_;  // the native API's Idempotency-Keys, creates' and forks'
 };
 
 } // namespace agentvm

@@ -59,6 +59,8 @@ int native_status(ServiceError code)
         return 404;
     case ServiceError::method_not_allowed:
         return 405;
+    case ServiceError::sandbox_lost:
+        return 410;
     case ServiceError::paused:
     case ServiceError::not_paused:
     case ServiceError::busy:
@@ -68,6 +70,9 @@ int native_status(ServiceError code)
         return 409;
     case ServiceError::body_too_large:
         return 413;
+    // As the IETF's Idempotency-Key draft answers a key reused with another payload.
+    case ServiceError::idempotency_conflict:
+        return 422;
     case ServiceError::at_capacity:
         return 429;
     case ServiceError::start_failed:
@@ -115,7 +120,11 @@ class NativeErrors : public ErrorWriter {
 public:
     Answer refusal(const Refusal& refusal) const override
     {
-        return body(native_status(refusal.code), error_name(refusal.code), refusal.message);
+        Answer answer = body(native_status(refusal.code), error_name(refusal.code), refusal.message);
+        if (!refusal.node.empty())
+            answer.body = json_text(
+                Json{{"error", error_name(refusal.code)}, {"message", refusal.message}, {"node", refusal.node}});
+        return answer;
     }
     Answer agent_error(const std::string& code, const std::string& message) const override
     {

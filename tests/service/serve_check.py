@@ -591,7 +591,7 @@ def fusion_limits():
     seen.append("3 cells of 10 MiB kept 10, 6 and 0 MiB")
     health = ok_json("GET", "/healthz")
     listed = ok_json("GET", "/v1/sandboxes")["sandboxes"]
-    expect(health == {"status": "ok"} and not listed, f"after: {health} {listed}")
+    expect(health["status"] == "ok" and not listed, f"after: {health} {listed}")
     return ", ".join(seen) + "; serve well, every sandbox deleted"
 
 

@@ -250,7 +250,7 @@ def unix_listener():
         expect(not os.path.exists(path + ".new"), "the temporary name it was bound under is left")
         conn = UnixConnection(path)
         status, headers, data = call(conn, "GET", "/healthz")
-        expect(status == 200 and json.loads(data) == {"status": "ok"}, f"healthz: {status} {data!r}")
+        expect(status == 200 and json.loads(data)["status"] == "ok", f"healthz: {status} {data!r}")
         expect(headers.get("Content-Type") == "application/json", f"headers {headers}")
         status, _, data = call(conn, "GET", "/nowhere")
         expect(status == 404 and json_error(data) == "not_found", f"unknown path: {status} {data!r}")
@@ -402,10 +402,51 @@ def state_dir_in_use():
     return f"refused: {second.stderr.strip().splitlines()[-1][:120]}; no socket file left; the first serve answers"
 
 
+def lost_sandboxes_and_the_front_door():
+    """An id of another node or of an earlier serve is sandbox_lost in each API's shape; a full
+    node behind the front door answers a create 503 naming the refusal, so HAProxy retries it."""
+    path = os.path.join(TMP, "fleet.sock")
+    serve = ServeWithFakeVms("--listen", f"unix:{path}", "--node-id", "n1", "--max-sandboxes", "1")
+    try:
+        serve.wait_listening(lambda: UnixConnection(path))
+        conn = UnixConnection(path)
+        mine = create_sandbox(conn)
+        node, instance, _ = mine.rsplit("-", 2)
+        expect(node == "n1" and len(instance) == 6, f"the id names its node and serve: {mine}")
+        elsewhere = "n2-abc123-0123456789abcdef"
+        earlier = f"n1-{'0' if instance[0] != '0' else '1'}{instance[1:]}-0123456789abcdef"
+        never = f"n1-{instance}-0123456789abcdef"
+        for lost, lost_node in ((elsewhere, "n2"), (earlier, "n1")):
+            status, _, data = call(conn, "GET", f"/v1/sandboxes/{lost}")
+            expect(status == 410 and json.loads(data).get("error") == "sandbox_lost"
+                   and json.loads(data).get("node") == lost_node, f"native GET {lost}: {status} {data!r}")
+            status, _, data = call(conn, "POST", f"/v1/sandboxes/{lost}/exec", body=b'{"cmd":["true"]}')
+            expect(status == 410, f"native exec {lost}: {status} {data!r}")
+            status, _, data = call(conn, "GET", f"/sandboxes/{lost}")
+            expect(status == 404 and json.loads(data)["message"].startswith("sandbox_lost: "),
+                   f"E2B getInfo {lost}: {status} {data!r}")
+            status, _, data = call(conn, "GET", "/health",
+                                   headers={"E2b-Sandbox-Id": lost, "E2b-Sandbox-Port": "49983"})
+            expect(status == 502 and b"sandbox_lost: " in data, f"E2B envd traffic to {lost}: {status} {data!r}")
+        status, _, data = call(conn, "GET", f"/v1/sandboxes/{never}")
+        expect(status == 404 and json_error(data) == "not_found", f"an id this serve never made: {status} {data!r}")
+        status, headers, data = call(conn, "POST", "/v1/sandboxes", body=b"{}")
+        expect(status == 429 and json_error(data) == "at_capacity", f"a full node, asked directly: {status} {data!r}")
+        status, headers, data = call(conn, "POST", "/v1/sandboxes", body=b"{}", headers={"Agentvm-Front-Door": "1"})
+        expect(status == 503 and headers.get("Agentvm-Refusal") == "at_capacity"
+               and json_error(data) == "at_capacity", f"a full node behind the front door: {status} {headers} {data!r}")
+        expect_alive(serve, conn)
+    finally:
+        serve.stop()
+    return "410 sandbox_lost naming the node (native), 404 and 502 'sandbox_lost:' (E2B); 503 + Agentvm-Refusal " \
+        "behind the front door, 429 without"
+
+
 def main():
     results = [run_case(case.__name__, case) for case in
                [unix_listener, tcp_needs_token, token_auth, limits_and_garbage, state_dir_in_use, non_utf8_file_paths,
-                unknown_transfer_coding, deep_bodies, no_auth_local_clients_only]]
+                unknown_transfer_coding, deep_bodies, no_auth_local_clients_only,
+                lost_sandboxes_and_the_front_door]]
     shutil.rmtree(TMP, ignore_errors=True)
     sys.exit(0 if all(results) else 1)
 

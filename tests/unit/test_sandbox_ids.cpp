@@ -36,3 +36,26 @@ TEST_CASE("a new id names its node and instance, and parses back; anything else 
                             "h1-abc123-0123456789abcdeg", "abc123-0123456789abcdef", ""})
         CHECK_MESSAGE(!parse_sandbox_id(bad), bad);
 }
+
+TEST_CASE("an id serve does not have is lost when it names another node or an earlier serve of this one")
+{
+    const std::string here = "h1";
+    const std::string instance = "abc123";
+    CHECK(!lost_sandbox(new_sandbox_id(here, instance), here, instance));
+    CHECK(!lost_sandbox("sb-0123456789abcdef", here, instance));
+    CHECK(!lost_sandbox("", here, instance));
+
+    const auto elsewhere = lost_sandbox(new_sandbox_id("gpu-n2", instance), here, instance);
+    REQUIRE(elsewhere);
+    CHECK(elsewhere->code == ServiceError::sandbox_lost);
+    CHECK(elsewhere->node == "gpu-n2");
+    CHECK(elsewhere->message.find("node gpu-n2") != std::string::npos);
+    CHECK(elsewhere->message.find("node h1 did") != std::string::npos);
+
+    const auto restarted = lost_sandbox(new_sandbox_id(here, "0ff1ce"), here, instance);
+    REQUIRE(restarted);
+    CHECK(restarted->code == ServiceError::sandbox_lost);
+    CHECK(restarted->node == here);
+    CHECK(restarted->message.find("restarted") != std::string::npos);
+    CHECK(restarted->message.find("0ff1ce") != std::string::npos);
+}
