@@ -22,5 +22,5 @@ for tool in slurmctld slurmd sbatch haproxy; do
 done
 [[ $EUID -eq 0 ]] || die "the fleet tier makes network namespaces and runs Slurm's daemons: run it as root"
 # Three serves, 30 sandboxes at once and /run_code's beside them fit in 6 GiB.
-exec tests/testhost/run --mem 6144 --timeout 1500 -- /usr/bin/python3 tests/fleet/fleet_check.py \
+exec tests/testhost/run --mem 6144 --timeout 1500 -- /usr/bin/env FLEET_UP_WITHIN="${FLEET_UP_WITHIN:-300}" /usr/bin/python3 tests/fleet/fleet_check.py \
   --tap "$repo/build/fleet-tests.tap"

@@ -36,7 +36,7 @@ TOKEN = "e2b_" + "0123456789abcdef" * 2 + "01234567"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 E2B_AUTH = {"X-API-KEY": TOKEN}
 NODES = ["n1", "n2", "n3"]
-MAX_SANDBOXES = 14  # per node: the full-fleet case fills all three
+MAX_SANDBOXES = 24  # per node: the full-node case needs room on two, the full-fleet case fills all three
 ID = re.compile(r"^([a-z0-9-]+)-[0-9a-f]{6}-[0-9a-f]{16}$")
 
 
@@ -135,6 +135,17 @@ class FrontDoor:
             fields = line.split(",")
             result[(fields[0], fields[1])] = fields[17]
         return result
+
+    def admin(self, command):
+        """One command of HAProxy's runtime API; its answer must be empty (it is, on success)."""
+        with socket.socket(socket.AF_UNIX) as s:
+            s.settimeout(5)
+            s.connect(self.socket)
+            s.sendall(command.encode() + b"\n")
+            data = b""
+            while chunk := s.recv(65536):
+                data += chunk
+        expect(not data.strip(), f"HAProxy's runtime API refused {command!r}: {data.decode(errors='replace')}")
 
     def wait_status(self, backend, server, wanted, within):
         deadline = time.monotonic() + within
@@ -304,6 +315,55 @@ def idempotent_creates(front, state):
     return f"a key's two creates at {node_of(first)}, one sandbox"
 
 
+def direct_call(node, method, path, body=None):
+    """A request straight to one node's serve, past the front door."""
+    conn = http.client.HTTPConnection("127.0.0.1", node.port, timeout=30)
+    conn.request(method, path, body=None if body is None else json.dumps(body).encode(), headers=AUTH)
+    response = conn.getresponse()
+    answer = response.read()
+    conn.close()
+    return response.status, answer
+
+
+def capacity_refusals(node):
+    _, text = direct_call(node, "GET", "/metrics")
+    found = re.search(r'(?m)^agentvm_create_refusals_total\{code="at_capacity"\} (\d+)', text.decode())
+    return int(found.group(1)) if found else 0
+
+
+def full_node_sends_creates_elsewhere(front, state, nodes):
+    """A full node refuses a create behind the front door with 503 + Agentvm-Refusal, which
+    HAProxy retries on another node: the client sees 201 from a node with room. The agents are
+    paused and every node weighs the same, as in the second after a burst filled a node and
+    before its agent says 0%: the full node is asked, and refuses."""
+    full = nodes[0]
+    filled = []
+    created = []
+    try:
+        while True:
+            status, data = direct_call(full, "POST", "/v1/sandboxes", {})
+            if status == 429:
+                break
+            expect(status == 201, f"filling {full.name} directly: {status} {data[:300]!r}")
+            filled.append(json.loads(data)["id"])
+        for node in nodes:
+            front.admin(f"disable agent balanced_native/{node.name}")
+            front.admin(f"set weight balanced_native/{node.name} 100")
+        refused_before = capacity_refusals(full)
+        created = [front.create() for _ in range(20)]
+        landed = [node_of(i) for i in created]
+        refused = capacity_refusals(full) - refused_before
+        expect(full.name not in landed, f"a create landed on the full node: {landed}")
+        expect(refused >= 1, f"the full node was never asked in {len(created)} creates")
+    finally:
+        for node in nodes:
+            front.admin(f"enable agent balanced_native/{node.name}")
+        delete_all(front, filled + created)
+    state["ids"] = [i for i in state["ids"] if i not in filled]
+    return f"{full.name} full at the weight of the others: asked {refused} times, refused each time; " \
+        f"{len(created)} creates answered 201 by {sorted(set(landed))}"
+
+
 def full_fleet(front, state):
     """Every node full: a create is refused by a node (503 + Agentvm-Refusal: at_capacity,
     retried on the others), and the front door answers 429 at_capacity."""
@@ -410,28 +470,23 @@ def main():
     with open(os.path.join(TMP, "token"), "w") as f:
         f.write(TOKEN + "\n")
     os.chmod(os.path.join(TMP, "token"), 0o600)
-    help_text = subprocess.run([SERVE, "--help"], capture_output=True, text=True).stdout
-    agent_check = "--agent-check" in help_text
-    print(f"# serve {'has' if agent_check else 'has no'} --agent-check: the configuration "
-          f"{'asks' if agent_check else 'does not ask'} each node's agent", flush=True)
     bin_dir = make_bin()
-    nodes = [Node(name, bin_dir, agent_check, None) for name in NODES]
-    if "--peers-file" in help_text:
-        peers_file = os.path.join(TMP, "peers")
-        command = [AGENTVM, "fleet", "peers", "-o", peers_file] + [f"--node={n.name}=127.0.0.1:{n.port}" for n in nodes]
-        made = subprocess.run(command, capture_output=True, text=True)
-        if made.returncode != 0:
-            print(f"FAIL setup: {' '.join(command)}: {made.stderr}", flush=True)
-            sys.exit(1)
-        for node in nodes:
-            node.peers_file = peers_file
+    nodes = [Node(name, bin_dir, True, None) for name in NODES]
+    peers_file = os.path.join(TMP, "peers")
+    command = [AGENTVM, "fleet", "peers", "-o", peers_file] + [f"--node={n.name}=127.0.0.1:{n.port}" for n in nodes]
+    made = subprocess.run(command, capture_output=True, text=True)
+    if made.returncode != 0:
+        print(f"FAIL setup: {' '.join(command)}: {made.stderr}", flush=True)
+        sys.exit(1)
+    for node in nodes:
+        node.peers_file = peers_file
     front = None
     results = []
     state = {}
     try:
         for node in nodes:
             node.start()
-        front = FrontDoor(nodes, agent_check)
+        front = FrontDoor(nodes, True)
         for node in nodes:
             front.wait_status("balanced_native", node.name, "UP", within=10)
         results.append(run_case("creates_spread", creates_spread, front, state))
@@ -440,11 +495,9 @@ def main():
                                     state))
             results.append(run_case("run_code_spreads", run_code_spreads, front, state))
             results.append(run_case("idempotent_creates", idempotent_creates, front, state))
-            if agent_check:
-                results.append(run_case("full_fleet", full_fleet, front, state))
-            else:
-                print("FAIL full_fleet: serve has no --agent-check, which a full fleet's 429 needs", flush=True)
-                results.append(False)
+            results.append(run_case("full_node_sends_creates_elsewhere", full_node_sends_creates_elsewhere, front,
+                                    state, nodes))
+            results.append(run_case("full_fleet", full_fleet, front, state))
             results.append(run_case("kill_one_node", kill_one_node, front, state, nodes))
             results.append(run_case("restarted_node", restarted_node, front, state, nodes))
         else:
