@@ -88,7 +88,7 @@ step() {
 packages=(
   build-essential meson ninja-build pkg-config clang libclang-rt-14-dev
   linux-libc-dev liburing-dev libcli11-dev libspdlog-dev libfmt-dev doctest-dev
-  nlohmann-json3-dev libseccomp-dev nettle-dev libmicrohttpd-dev libcurl4-openssl-dev
+  nlohmann-json3-dev libseccomp-dev nettle-dev libmicrohttpd-dev libcurl4-openssl-dev libhttp-parser-dev
   linux-source-6.1 bc flex bison libelf-dev libssl-dev dwarves xz-utils
   debootstrap busybox-static e2fsprogs cpio
   skopeo umoci buildah

@@ -14,6 +14,7 @@
 #include "cli/logging.hpp"
 #include "cli/run_command.hpp"
 #include "cli/plan_command.hpp"
+#include "cli/port_forward_command.hpp"
 #include "cli/serve_command.hpp"
 #include "cli/snapshot_command.hpp"
 #include "cli/template_command.hpp"
@@ -51,6 +52,7 @@ int run_command_line(int argc, char** argv)
         add_snapshot_command(app),
         add_serve_command(app),
         add_plan_command(app),
+        add_port_forward_command(app),
     };
     for (Subcommand& command : add_template_commands(app))
         commands.push_back(std::move(command));

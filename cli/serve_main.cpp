@@ -73,6 +73,9 @@ int main(int argc, char** argv)
     app.add_option("--node-id", config.sandboxes.node_id,
                    "what every sandbox id starts with, so that a router in front of many hosts finds a sandbox's "
                    "host from its id: 1-32 of a-z, 0-9 and '-' (default: the host's short name)");
+    app.add_option("--e2b-domain", config.sandboxes.e2b_domain,
+                   "the E2B facade's sandbox domain: a request whose Host is <port>-<sandbox id>.<domain> is that "
+                   "sandbox's port, as E2B's getHost(port) names it (point a wildcard DNS name at serve)");
     app.add_flag("--no-auth", no_auth, "allow a TCP listener without a token (loopback addresses only)");
     app.add_option("--pool", pools,
                    "NAME=N: keep N VMs of a snapshot ready (NAME: default, set-up's snapshot; a snapshot "

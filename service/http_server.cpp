@@ -51,6 +51,7 @@ struct HttpServer::Connection {
     // When the next request's headers must be whole; none while a request runs.
     std::optional<std::chrono::steady_clock::time_point> headers_due;
     bool cut = false;  // closed for missing its deadline (shut down; MHD closes it)
+    std::string target;  // the request line's target, as sent (MHD_OPTION_URI_LOG_CALLBACK)
 };
 
 // MHD's callbacks, with the exact types it calls them with.
@@ -103,6 +104,44 @@ struct HttpCallbacks {
             server->connection_closed(socket_context);
     }
 
+    // Called with the raw target before MHD decodes it; what it returns would become the
+    // request's context, which must start null (handle() tells a new request by it).
+    static void* uri_seen(void* /*self*/, const char* uri, MHD_Connection* connection)
+    {
+        if (HttpServer::Connection* tracked = HttpServer::connection_of(connection))
+            tracked->target = uri ? uri : "";
+        return nullptr;
+    }
+
+    static void upgraded(void* cls, MHD_Connection* /*connection*/, void* /*context*/, const char* extra_in,
+                         size_t extra_in_size, MHD_socket sock, MHD_UpgradeResponseHandle* handle)
+    {
+        auto* exchange = static_cast<HttpExchange*>(cls);
+        HttpServer* server = exchange->server_;
+        auto on_upgraded = std::move(exchange->on_upgraded_);
+        exchange->on_upgraded_ = nullptr;
+        std::weak_ptr<HttpServer*> alive = server->alive_;
+        HttpExchange::UpgradedSocket socket{sock, std::string(extra_in ? extra_in : "", extra_in_size),
+                                            [alive, handle] {
+                                                if (auto server_alive = alive.lock())
+                                                    (*server_alive)->close_upgraded(handle);
+                                            }};
+        std::function<void()> stop;
+        try {
+            if (on_upgraded)
+                stop = on_upgraded(std::move(socket));
+        } catch (const std::exception& e) {
+            spdlog::error("http: {} {}: after the upgrade: {}", exchange->method_, exchange->path_, e.what());
+        }
+        if (!stop) {
+            // Nobody took the connection: it is closed at once.
+            MHD_upgrade_action(handle, MHD_UPGRADE_ACTION_CLOSE);
+            server->run_soon();
+            return;
+        }
+        server->upgraded(handle, std::move(stop));
+    }
+
     static ssize_t read_stream(void* cls, uint64_t pos, char* buffer, size_t max)
     {
         return static_cast<HttpExchange*>(cls)->read_stream(pos, buffer, max);
@@ -127,6 +166,32 @@ std::optional<std::string> HttpExchange::header(const char* name) const
     return value ? std::optional<std::string>(value) : std::nullopt;
 }
 
+std::vector<std::pair<std::string, std::string>> HttpExchange::headers() const
+{
+    std::vector<std::pair<std::string, std::string>> out;
+    if (!connection_)
+        return out;
+    MHD_get_connection_values(
+        connection_, MHD_HEADER_KIND,
+        [](void* cls, MHD_ValueKind, const char* key, const char* value) -> MHD_Result {
+            static_cast<std::vector<std::pair<std::string, std::string>>*>(cls)->emplace_back(key ? key : "",
+                                                                                              value ? value : "");
+            return MHD_YES;
+        },
+        &out);
+    return out;
+}
+
+void HttpExchange::upgrade(OnUpgraded on_upgraded)
+{
+    if (answered_)
+        return;
+    answered_ = true;
+    on_upgraded_ = std::move(on_upgraded);
+    answer_ = Answer{101, {}, {}, std::nullopt, false, true, std::nullopt};
+    wake();
+}
+
 std::optional<std::string> HttpExchange::query(const char* name) const
 {
     if (!connection_)
@@ -140,7 +205,7 @@ void HttpExchange::respond(int status, std::string body, const char* content_typ
     if (answered_)
         return;
     answered_ = true;
-    answer_ = Answer{status, std::move(body), content_type, std::nullopt, false};
+    answer_ = Answer{status, std::move(body), content_type, std::nullopt, false, false, std::nullopt};
     wake();
 }
 
@@ -169,7 +234,7 @@ void HttpExchange::respond_with(const ErrorWriter::Answer& answer, std::optional
     if (answered_)
         return;
     answered_ = true;
-    answer_ = Answer{answer.status, answer.body, answer.content_type, retry_after_s, false};
+    answer_ = Answer{answer.status, answer.body, answer.content_type, retry_after_s, false, false, std::nullopt};
     wake();
 }
 
@@ -209,12 +274,12 @@ void HttpExchange::fail(const std::exception& error)
         refuse(ServiceError::internal, error.what());
 }
 
-void HttpExchange::start_stream(int status, const char* content_type)
+void HttpExchange::start_stream(int status, const char* content_type, std::optional<uint64_t> size)
 {
     if (answered_)
         return;
     answered_ = true;
-    answer_ = Answer{status, {}, content_type, std::nullopt, true};
+    answer_ = Answer{status, {}, content_type, std::nullopt, true, false, size};
     wake();
 }
 
@@ -290,9 +355,9 @@ void HttpExchange::wake()
 
 long HttpExchange::read_stream(uint64_t /*pos*/, char* buffer, size_t max)
 {
-    if (stream_aborted_)
-        return MHD_CONTENT_READER_END_WITH_ERROR;
     const size_t ready = stream_.size() - stream_sent_;
+    if (ready == 0 && stream_aborted_)
+        return MHD_CONTENT_READER_END_WITH_ERROR;
     if (ready == 0) {
         if (stream_finished_)
             return MHD_CONTENT_READER_END_OF_STREAM;
@@ -331,12 +396,14 @@ HttpServer::HttpServer(EventLoop& loop, std::vector<Fd> listeners, Options optio
         auto daemon = std::make_unique<Daemon>();
         const int fd = listener.release();
         daemon->mhd = MHD_start_daemon(
-            MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ITC | MHD_USE_ERROR_LOG, 0, nullptr, nullptr,
+            MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME | MHD_ALLOW_UPGRADE | MHD_USE_ITC | MHD_USE_ERROR_LOG, 0,
+            nullptr, nullptr,
             &HttpCallbacks::request, this,
             MHD_OPTION_EXTERNAL_LOGGER, &HttpCallbacks::log, nullptr,  // first, or MHD logs to stderr
             MHD_OPTION_LISTEN_SOCKET, fd,
             MHD_OPTION_NOTIFY_COMPLETED, &HttpCallbacks::completed, this,
             MHD_OPTION_NOTIFY_CONNECTION, &HttpCallbacks::notify_connection, this,
+            MHD_OPTION_URI_LOG_CALLBACK, &HttpCallbacks::uri_seen, this,
             MHD_OPTION_CONNECTION_LIMIT, share,
             // MHD would let a Unix socket's clients through anyway (they have no address),
             // but could mistake a bound client's path of the right length for one.
@@ -361,6 +428,8 @@ HttpServer::HttpServer(EventLoop& loop, std::vector<Fd> listeners, Options optio
 HttpServer::~HttpServer()
 {
     finished_ = nullptr;
+    stop_upgraded();
+    alive_.reset();
     // MHD_stop_daemon aborts the process if a connection is still suspended: every request
     // waiting for its answer is resumed first, and closed unanswered with the rest.
     for (HttpExchange* exchange : requests_) {
@@ -391,9 +460,42 @@ void HttpServer::stop_accepting()
     }
 }
 
+void HttpServer::upgraded(MHD_UpgradeResponseHandle* handle, std::function<void()> stop)
+{
+    upgraded_[handle] = std::move(stop);
+}
+
+void HttpServer::close_upgraded(MHD_UpgradeResponseHandle* handle)
+{
+    if (upgraded_.erase(handle) == 0)
+        return;
+    MHD_upgrade_action(handle, MHD_UPGRADE_ACTION_CLOSE);
+    run_soon();
+}
+
+void HttpServer::stop_upgraded()
+{
+    // Each owner's stop closes its connection through close_upgraded; one that does not is
+    // closed here all the same, since MHD must not stop with an upgraded connection open.
+    while (!upgraded_.empty()) {
+        const auto first = upgraded_.begin();
+        MHD_UpgradeResponseHandle* handle = first->first;
+        auto stop = std::move(first->second);
+        first->second = nullptr;
+        try {
+            if (stop)
+                stop();
+        } catch (const std::exception& e) {
+            spdlog::error("http: stopping an upgraded connection: {}", e.what());
+        }
+        close_upgraded(handle);
+    }
+}
+
 void HttpServer::finish_requests(std::function<void()> done)
 {
     stop_accepting();
+    stop_upgraded();
     finished_ = std::move(done);
     const std::vector<HttpExchange*> open(requests_.begin(), requests_.end());
     for (HttpExchange* exchange : open) {
@@ -469,10 +571,19 @@ void HttpServer::sweep_deadlines()
     // source is silent (an attach to a quiet process, a watch) would be noticed only at the
     // next byte, perhaps never. Ended here, its on_gone runs and its call is let go.
     const std::vector<HttpExchange*> open(requests_.begin(), requests_.end());
-    for (HttpExchange* exchange : open)
+    for (HttpExchange* exchange : open) {
         if (exchange->suspended_ && exchange->answer_ && exchange->answer_->streamed && !exchange->stream_finished_
             && exchange->client_closed())
             exchange->abort();
+        // Likewise a request that asked for it, still unanswered: it ends, unanswered but for
+        // MHD's sake (a suspended connection is only closed once resumed with an answer).
+        if (exchange->suspended_ && !exchange->answer_ && exchange->watch_client_ && exchange->client_closed()) {
+            if (auto on_gone = std::exchange(exchange->on_gone_, nullptr))
+                guard_request(*exchange, on_gone);
+            if (!exchange->answer_)
+                exchange->respond(499, "", "text/plain");
+        }
+    }
     if (!connections_.empty())
         deadline_timer_->arm(deadline_sweep_period);
 }
@@ -507,8 +618,11 @@ bool HttpServer::handle(MHD_Connection* connection, const char* url, const char*
         *context = held;
         HttpExchange& exchange = **held;
         requests_.insert(&exchange);
-        if (Connection* tracked = connection_of(connection))
+        if (Connection* tracked = connection_of(connection)) {
             tracked->headers_due.reset();  // the headers are whole
+            exchange.target_ = std::move(tracked->target);
+            tracked->target.clear();
+        }
         guard_request(exchange, [&] { admit(exchange); });
         if (!exchange.answer_)
             refuse_unreadable_body(exchange);
@@ -625,16 +739,28 @@ bool HttpServer::queue(HttpExchange& exchange)
 {
     auto& answer = *exchange.answer_;
     MHD_Response* response = nullptr;
+    if (answer.upgrade) {
+        response = MHD_create_response_for_upgrade(&HttpCallbacks::upgraded, &exchange);
+        if (!response)
+            return false;
+        for (const auto& [name, value] : exchange.extra_headers_)
+            MHD_add_response_header(response, name.c_str(), value.c_str());
+        const MHD_Result queued = MHD_queue_response(exchange.connection_, MHD_HTTP_SWITCHING_PROTOCOLS, response);
+        MHD_destroy_response(response);
+        exchange.queued_ = queued == MHD_YES;
+        return exchange.queued_;
+    }
     if (answer.streamed) {
-        response = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 64 * 1024, &HttpCallbacks::read_stream,
-                                                     &exchange, nullptr);
+        response = MHD_create_response_from_callback(answer.size.value_or(MHD_SIZE_UNKNOWN), 64 * 1024,
+                                                     &HttpCallbacks::read_stream, &exchange, nullptr);
     } else {
         response = MHD_create_response_from_buffer(answer.body.size(), answer.body.data(), MHD_RESPMEM_MUST_COPY);
         answer.body.clear();
     }
     if (!response)
         return false;
-    MHD_add_response_header(response, MHD_HTTP_HEADER_CONTENT_TYPE, answer.content_type.c_str());
+    if (!answer.content_type.empty())
+        MHD_add_response_header(response, MHD_HTTP_HEADER_CONTENT_TYPE, answer.content_type.c_str());
     if (answer.retry_after_s)
         MHD_add_response_header(response, MHD_HTTP_HEADER_RETRY_AFTER, std::to_string(*answer.retry_after_s).c_str());
     for (const auto& [name, value] : exchange.extra_headers_)

@@ -25,6 +25,7 @@
 #include <cstddef>
 #include <exception>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <set>
@@ -38,6 +39,7 @@
 
 struct MHD_Daemon;
 struct MHD_Connection;
+struct MHD_UpgradeResponseHandle;
 
 namespace agentvm {
 
@@ -64,6 +66,10 @@ public:
     const std::string& method() const { return method_; }
     const std::string& path() const { return path_; }
     const std::string& body() const { return body_; }
+    // The request target as the client sent it: the path still percent-encoded, with its query.
+    const std::string& target() const { return target_; }
+    // Every request header, in the order they came (empty once gone()).
+    std::vector<std::pair<std::string, std::string>> headers() const;
     // A request header or query argument, while the request runs (nullopt once gone()).
     std::optional<std::string> header(const char* name) const;
     std::optional<std::string> query(const char* name) const;
@@ -87,8 +93,10 @@ public:
     void respond_agent_error(const std::string& code, const std::string& message);
 
     // A streamed answer: start once, write pieces, then finish. buffered() is what the client
-    // has not taken yet; on_drained runs (once per set) when it falls below low_water.
-    void start_stream(int status, const char* content_type);
+    // has not taken yet; on_drained runs (once per set) when it falls below low_water. With a
+    // `size`, the answer says it as its Content-Length (and the stream must bring exactly that,
+    // or be aborted); without, it is chunked. An empty content_type sends none.
+    void start_stream(int status, const char* content_type, std::optional<uint64_t> size = std::nullopt);
     void write(std::string_view bytes);
     void finish();
     size_t buffered() const { return stream_.size() - stream_sent_; }
@@ -100,8 +108,20 @@ public:
     void read_body(std::function<void(std::string_view piece)> on_piece, std::function<void()> on_end);
     void pause_body() { body_paused_ = true; }
     void resume_body();
-    // Ends a streamed answer as failed: the connection is closed without the stream's end,
-    // so the client sees the body is incomplete.
+    // Answers 101 Switching Protocols (with the headers added, "Upgrade" among them) and hands
+    // the connection over once it is sent: on_upgraded gets the socket (non-blocking, never to
+    // be closed but through `close`) and the bytes the client sent after its request head, and
+    // returns what serve calls to end the connection when serve stops first.
+    struct UpgradedSocket {
+        int fd = -1;
+        std::string early;
+        std::function<void()> close;
+    };
+    using OnUpgraded = std::function<std::function<void()>(UpgradedSocket)>;
+    void upgrade(OnUpgraded on_upgraded);
+
+    // Ends a streamed answer as failed: once the client has taken what was written, the
+    // connection is closed without the stream's end, so the client sees the body is incomplete.
     void abort();
 
     // Ends the request after a failure of serve's own, logged: "internal" when nothing was
@@ -116,6 +136,10 @@ public:
     bool client_closed() const;
     // Runs once when the client goes away before the answer was sent whole.
     void on_gone(std::function<void()> callback) { on_gone_ = std::move(callback); }
+    // While the request waits unanswered, its client closing its end is noticed within about
+    // a second (the server's sweep asks the socket): on_gone runs then, and the request ends.
+    // For a request whose wait holds something of the guest's (a connection being made).
+    void watch_client() { watch_client_ = true; }
 
 private:
     friend class HttpServer;
@@ -126,6 +150,8 @@ private:
         std::string content_type;
         std::optional<int> retry_after_s;
         bool streamed = false;
+        bool upgrade = false;
+        std::optional<uint64_t> size;  // a streamed answer's, when known
     };
 
     HttpExchange(HttpServer& server, MHD_Connection* connection, std::string method, std::string path)
@@ -144,7 +170,9 @@ private:
     MHD_Connection* connection_;
     std::string method_;
     std::string path_;
+    std::string target_;
     std::string body_;
+    OnUpgraded on_upgraded_;
     const ErrorWriter* errors_ = nullptr;  // the facade's, from admission
     std::function<void(const std::shared_ptr<HttpExchange>&)> handler_;
     bool body_too_large_ = false;
@@ -160,6 +188,7 @@ private:
     bool queued_ = false;
     bool answered_ = false;
     bool gone_ = false;
+    bool watch_client_ = false;
     std::optional<Answer> answer_;
     std::vector<std::pair<std::string, std::string>> extra_headers_;
     std::string stream_;        // streamed bytes; the sent prefix is dropped now and then
@@ -241,6 +270,10 @@ private:
     friend struct HttpCallbacks;
 
     void run_daemon(Daemon& daemon);
+    // Upgraded connections still open, with what ends each (its owner's stop).
+    void upgraded(MHD_UpgradeResponseHandle* handle, std::function<void()> stop);
+    void close_upgraded(MHD_UpgradeResponseHandle* handle);
+    void stop_upgraded();
     // Connection tracking, for the header deadline (MHD_OPTION_NOTIFY_CONNECTION).
     struct Connection;
     void connection_started(MHD_Connection* connection, void** socket_context);
@@ -267,6 +300,9 @@ private:
     std::set<HttpExchange*> requests_;
     std::optional<LoopTimer> deadline_timer_;
     std::function<void()> finished_;  // finish_requests' done, until requests_ is empty
+    std::map<MHD_UpgradeResponseHandle*, std::function<void()>> upgraded_;
+    // An upgraded connection's close may come after the server is gone: it asks this first.
+    std::shared_ptr<HttpServer*> alive_ = std::make_shared<HttpServer*>(this);
 };
 
 // A Unix socket listening at `path` with mode 0600 (a stale socket file there is replaced).

@@ -6,7 +6,7 @@
 namespace agentvm {
 namespace {
 
-constexpr std::array<std::pair<ServiceError, std::string_view>, 26> names{{
+constexpr std::array<std::pair<ServiceError, std::string_view>, 27> names{{
     {ServiceError::bad_json, "bad_json"},
     {ServiceError::bad_field, "bad_field"},
     {ServiceError::missing_field, "missing_field"},
@@ -33,6 +33,7 @@ constexpr std::array<std::pair<ServiceError, std::string_view>, 26> names{{
     {ServiceError::shutting_down, "shutting_down"},
     {ServiceError::sandbox_lost, "sandbox_lost"},
     {ServiceError::idempotency_conflict, "idempotency_conflict"},
+    {ServiceError::port_unreachable, "port_unreachable"},
 }};
 
 constexpr std::array<ServiceError, names.size()> codes = [] {
@@ -47,7 +48,7 @@ constexpr bool in_enum_order = [] {
     for (size_t i = 0; i < names.size(); ++i)
         if (static_cast<size_t>(names[i].first) != i)
             return false;
-    return static_cast<size_t>(ServiceError::idempotency_conflict) + 1 == names.size();
+    return static_cast<size_t>(ServiceError::port_unreachable) + 1 == names.size();
 }();
 static_assert(in_enum_order, "every ServiceError has its name, in the enum's order");
 

@@ -40,6 +40,7 @@ enum class ServiceError {
     shutting_down,       // serve stopped while the request waited for its answer
     sandbox_lost,        // the sandbox's node is gone or its serve restarted (docs/fleet.md)
     idempotency_conflict,  // a create's Idempotency-Key was used with another request
+    port_unreachable,    // nothing answers on the sandbox's guest port (docs/api.md, "Ports")
 };
 
 // The code's name on every wire ("bad_json", ...).

@@ -55,6 +55,10 @@ public:
     using Settings = SandboxSettings;
     void assign(Settings settings);
     bool assigned() const { return !settings_.id.empty(); }
+    // The Unix socket of the VMM's end of vsock (`agentvm episode --vsock-uds`), through which
+    // serve reaches the guest's ports (service/ports/); empty when the VM has none.
+    const std::string& guest_socket() const { return guest_socket_; }
+    void set_guest_socket(std::string path) { guest_socket_ = std::move(path); }
     const Settings& settings() const { return settings_; }
 
     // Starts a call; `summary` is what its history entry records of the request (none: the
@@ -130,6 +134,7 @@ private:
 
     EventLoop& loop_;
     std::string pool_;
+    std::string guest_socket_;
     Hooks hooks_;
     Settings settings_;
     std::unique_ptr<EpisodeProcess> episode_;

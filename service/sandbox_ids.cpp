@@ -47,17 +47,30 @@ std::string node_id_problem(std::string_view node)
     return "";
 }
 
+std::string node_id_from_host_name(std::string_view host)
+{
+    std::string node;
+    for (char c : host.substr(0, host.find('.'))) {
+        const auto lower = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+        const bool kept = (lower >= 'a' && lower <= 'z') || (lower >= '0' && lower <= '9');
+        if (kept)
+            node += lower;
+        else if (!node.empty() && node.back() != '-')
+            node += '-';
+    }
+    if (node.size() > max_node_id)
+        node.resize(max_node_id);
+    while (!node.empty() && node.back() == '-')
+        node.pop_back();
+    return node.empty() ? "node" : node;
+}
+
 std::string default_node_id()
 {
     char host[256] = {};
     if (::gethostname(host, sizeof host - 1) != 0)
         throw_errno("gethostname for the node id");
-    std::string node(host);
-    node = node.substr(0, node.find('.'));
-    std::transform(node.begin(), node.end(), node.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-    if (const std::string problem = node_id_problem(node); !problem.empty())
-        throw Error(fmt::format("the host name '{}' is not a node id ({}): name one with --node-id", node, problem));
-    return node;
+    return node_id_from_host_name(host);
 }
 
 std::string new_instance_id()

@@ -22,9 +22,12 @@ inline constexpr size_t random_hex = 16;
 // ending with a letter or digit, without "--".
 std::string node_id_problem(std::string_view node);
 
-// The host's short name (up to its first '.'), lower-cased; throws Error naming the problem
-// when that is not a valid node id (then --node-id must name one).
+// The host's name as a node id (node_id_from_host_name); throws Error if it cannot be read.
 std::string default_node_id();
+// The host's name as a node id: its first label, lower-cased, every run of other characters
+// one '-', at most 32 characters; "node" when nothing is left (a host with no name, whose
+// kernel says "(none)", becomes "none").
+std::string node_id_from_host_name(std::string_view host);
 
 // A new serve instance: instance_hex lower-case hex digits from getrandom.
 std::string new_instance_id();

@@ -86,6 +86,15 @@ SandboxManager::Vm& SandboxManager::start_vm(Pool& pool, bool for_pool)
         args.insert(args.end(), {"--snapshot-dir", outbox});
     if (for_pool && cpu_weights_)
         args.insert(args.end(), {"--cpu-weight", std::to_string(pool_cpu_weight)});
+    // Its guest's ports are reached through its VMM's end of vsock (service/ports/).
+    std::string socket_dir;
+    try {
+        socket_dir = socket_dirs_.make();
+    } catch (const Error&) {
+        snapshots_.remove_outbox(outbox);
+        throw;
+    }
+    args.insert(args.end(), {"--vsock-uds", GuestSocketDirs::socket_in(socket_dir)});
     std::shared_ptr<Sandbox> sandbox;
     try {
         sandbox = std::make_shared<Sandbox>(
@@ -97,12 +106,15 @@ SandboxManager::Vm& SandboxManager::start_vm(Pool& pool, bool for_pool)
                            }});
     } catch (const Error&) {
         snapshots_.remove_outbox(outbox);
+        socket_dirs_.remove(socket_dir);
         throw;
     }
+    sandbox->set_guest_socket(GuestSocketDirs::socket_in(socket_dir));
     Sandbox* key = sandbox.get();
     Vm& vm = vms_[key];
     vm.sandbox = std::move(sandbox);
     vm.outbox = std::move(outbox);
+    vm.socket_dir = std::move(socket_dir);
     vm.pool = &pool;
     vm.refill = for_pool;
     vm.low_weight = for_pool && cpu_weights_;
@@ -218,6 +230,7 @@ void SandboxManager::on_exit(Sandbox& sandbox, const std::string& why)
         }
     }
     snapshots_.remove_outbox(vm.outbox);
+    socket_dirs_.remove(vm.socket_dir);
     graveyard_.push_back(std::move(vm.sandbox));
     bury_timer_.arm(std::chrono::nanoseconds(1));
     if (admission_.closed())

@@ -22,6 +22,7 @@
 #include "service/fleet/capacity_report.hpp"
 #include "service/pools.hpp"
 #include "service/problem.hpp"
+#include "service/ports/guest_socket_dirs.hpp"
 #include "service/sandbox.hpp"
 #include "service/sandbox_metrics.hpp"
 #include "service/sandbox_snapshots.hpp"
@@ -52,6 +53,9 @@ struct ManagerConfig {
     // of each output stream (--fusion-output-max).
     uint64_t fusion_fetch_max = uint64_t{64} << 20;
     uint64_t fusion_output_max = uint64_t{16} << 20;
+    // --e2b-domain: the E2B facade's sandbox domain, where "<port>-<id>.<domain>" names a
+    // sandbox's port (its SDKs' getHost); empty: none.
+    std::string e2b_domain;
 };
 
 // What the manager reads of the host, which tests replace: the time its sweep expires
@@ -140,6 +144,7 @@ private:
         Sandbox::Settings settings;
         Sandbox::Clock::time_point requested{};
         std::string outbox;  // where its VMM writes live snapshots (SandboxSnapshots::new_outbox), if any
+        std::string socket_dir;  // where its VMM's end of vsock listens (GuestSocketDirs)
     };
 
     // SandboxSnapshots::Registry
@@ -178,6 +183,7 @@ private:
     std::map<std::string, std::string> ended_;
     std::deque<std::string> ended_order_;
     std::set<std::string> auto_pausing_;  // expired sandboxes whose pause is under way
+    GuestSocketDirs socket_dirs_;
     std::vector<std::shared_ptr<Sandbox>> graveyard_;  // destroyed on the next turn of the loop
     LoopTimer bury_timer_;
     LoopTimer sweep_timer_;

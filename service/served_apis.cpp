@@ -3,7 +3,8 @@
 namespace agentvm {
 
 ServedApis::ServedApis(SandboxManager& manager, const std::optional<std::string>& token, PeerFetcher* peers)
-    : e2b_(manager, token, peers), fusion_(manager, token), native_(manager, token, peers)
+    : ports_(manager.loop()), e2b_(manager, token, ports_, peers), fusion_(manager, token),
+      native_(manager, token, ports_, peers)
 {
     router_.add(e2b_);
     router_.add(fusion_);

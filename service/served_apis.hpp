@@ -9,6 +9,7 @@
 #include "service/e2b/e2b_api.hpp"
 #include "service/fusion/fusion_api.hpp"
 #include "service/native/native_api.hpp"
+#include "service/ports/guest_ports.hpp"
 #include "service/router.hpp"
 
 namespace agentvm {
@@ -25,6 +26,9 @@ public:
     HttpServer::Admission admit(HttpExchange& head) const { return router_.admit(head); }
 
 private:
+    // Before the facades, which carry requests to the guests' ports through it, and after
+    // them in destruction: a connection still open when serve ends is closed by it.
+    GuestPorts ports_;
     E2bApi e2b_;
     FusionApi fusion_;
     NativeApi native_;

@@ -11,6 +11,8 @@
 namespace agentvm {
 
 constexpr uint32_t default_agent_port = 52;
+// The port relay's (port_relay.hpp): the host reaches the guest's TCP servers through it.
+constexpr uint32_t default_ports_port = 53;
 
 struct ListenAddress {
     enum class Kind { vsock, unix_socket };

@@ -1,7 +1,9 @@
 // agentvm-agent: runs tool calls inside an agentvm guest for the host, which reaches it
 // over virtio-vsock (docs/protocol.md). One thread per connection, plus one per running
 // call; a call's failure is answered as an error and never ends the connection or the
-// agent. The shell and the interpreter are the agent's, shared by its connections.
+// agent. The shell and the interpreter are the agent's, shared by its connections. Apart
+// from the tool calls, the port relay (port_relay.hpp) lets the host reach the guest's TCP
+// servers through a listener of its own.
 #include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
@@ -23,6 +25,7 @@
 #include "guest/agent/child_setup.hpp"
 #include "guest/agent/connection.hpp"
 #include "guest/agent/listen_address.hpp"
+#include "guest/agent/port_relay.hpp"
 #include "guest/agent/process_table.hpp"
 #include "guest/agent/run_as.hpp"
 #include "common/error.hpp"
@@ -32,8 +35,8 @@ namespace agentvm {
 namespace {
 
 constexpr char usage[] =
-    "usage: agentvm-agent [--listen vsock:PORT|unix:PATH] [--call-cgroup DIR] [--user-file PATH]\n"
-    "                     [--accounts DIR] [--max-processes N]\n";
+    "usage: agentvm-agent [--listen vsock:PORT|unix:PATH] [--ports-listen vsock:PORT|unix:PATH]\n"
+    "                     [--call-cgroup DIR] [--user-file PATH] [--accounts DIR] [--max-processes N]\n";
 
 // Commands get pipes for stdio, but descriptors 0-2 must not be handed out to pipes of
 // our own, or dup2 in a child would clobber them; init may start us with them closed.
@@ -79,6 +82,7 @@ void end_sessions_with_agent(const Sessions& sessions)
 int run(int argc, char** argv)
 {
     std::string spec = "vsock:" + std::to_string(default_agent_port);
+    std::string ports_spec = "vsock:" + std::to_string(default_ports_port);
     std::optional<std::string> call_cgroup;
     std::string user_file = image_user_path;  // another only for the host tests
     for (int i = 1; i < argc; ++i) {
@@ -87,6 +91,10 @@ int run(int argc, char** argv)
             spec = argv[++i];
         } else if (arg.starts_with("--listen=")) {
             spec = std::string(arg.substr(9));
+        } else if (arg == "--ports-listen" && i + 1 < argc) {
+            ports_spec = argv[++i];
+        } else if (arg.starts_with("--ports-listen=")) {
+            ports_spec = std::string(arg.substr(15));
         } else if (arg == "--call-cgroup" && i + 1 < argc) {
             call_cgroup = argv[++i];
         } else if (arg == "--user-file" && i + 1 < argc) {
@@ -106,6 +114,7 @@ int run(int argc, char** argv)
         }
     }
     const ListenAddress address = parse_listen_address(spec);
+    const ListenAddress ports_address = parse_listen_address(ports_spec);
 
     // A peer that goes away mid-answer must cost a failed send, not the agent.
     ::signal(SIGPIPE, SIG_IGN);
@@ -121,6 +130,7 @@ int run(int argc, char** argv)
     // they outlive every connection thread.
     Sessions sessions;
     end_sessions_with_agent(sessions);
+    start_port_relay(ports_address, ports_spec);
     for (;;) {
         Fd socket(::accept4(listener.get(), nullptr, nullptr, SOCK_CLOEXEC));
         if (!socket) {

@@ -14,8 +14,9 @@ from ._commands import AsyncCommandHandle
 from ._files import EntryList
 from ._http import SandboxList
 from ._lifecycle import AsyncSandbox
+from ._ports import AsyncPortForward
 from ._processes import AsyncProcess, AsyncPty
-from ._sync import CommandHandle, Process, Pty, Sandbox, WatchHandle
+from ._sync import CommandHandle, PortForward, Process, Pty, Sandbox, WatchHandle
 from ._watch import AsyncWatchHandle
 
 __version__ = "0.1.0"
@@ -24,7 +25,7 @@ __all__ = [
     "Sandbox", "AsyncSandbox", "CommandHandle", "AsyncCommandHandle",
     "CommandResult", "Execution", "ExecutionError", "FileInfo", "EntryInfo", "EntryList", "SandboxList",
     "Process", "AsyncProcess", "Pty", "AsyncPty", "ProcessResult", "ProcessInfo",
-    "WatchHandle", "AsyncWatchHandle", "FilesystemEvent", "CodeContext",
+    "WatchHandle", "AsyncWatchHandle", "FilesystemEvent", "CodeContext", "PortForward", "AsyncPortForward",
     "AgentvmError", "AgentError", "NotFound", "SandboxDied", "SandboxLost", "StartFailed", "ServiceError",
     "Timeout", "CallTimeout", "CommandFailed", "BinaryNotFound",
 ]

@@ -5,6 +5,7 @@ import asyncio
 import base64
 from typing import Any, Awaitable, Callable, Dict, Iterator, Mapping, Optional, Protocol, Sequence, Union
 
+from ._forward import Dialer
 from .errors import CallTimeout
 
 # docs/protocol.md: request lines are at most 64 MiB; calls' timeouts at most a year.
@@ -91,6 +92,15 @@ class Transport(Protocol):
     async def is_running(self) -> bool: ...
 
     def info(self) -> Mapping[str, Any]: ...
+
+    def port_dialer(self) -> Dialer:
+        """How a guest TCP port is reached from this host (_forward.py)."""
+
+    def port_url(self, port: int) -> str:
+        """The HTTP URL of guest port ``port`` through serve; ValueError where there is none."""
+
+    def port_headers(self) -> Dict[str, str]:
+        """The headers a request to :meth:`port_url` needs (serve's token), else empty."""
 
 
 async def cancel_quietly(transport: Transport, ref: Any) -> None:

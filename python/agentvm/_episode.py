@@ -13,14 +13,17 @@ import itertools
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
+import tempfile
 import uuid
 from collections import deque
-from typing import Any, Awaitable, Callable, Deque, Dict, Iterable, List, Mapping, Optional
+from typing import Any, Awaitable, Callable, Deque, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from ._common import (DEFAULT_GRACE, FILE_CHUNK, MAX_LINE_BYTES, FileData, OnEvent, OnRef, StreamValue,
                       cancel_quietly, put_bytes, wait_answer)
+from ._forward import Dialer, HybridVsockDialer
 from ._snapshots import ManagedDir
 from .errors import (SANDBOX_DEATH_CODES, CallTimeout, SandboxDied, StartFailed,
                      error_from_protocol)
@@ -31,10 +34,33 @@ STDERR_TAIL = 64 * 1024
 _EXIT_CODES = {3: "vm_died", 4: "vm_died", 5: "episode_timeout"}
 _CANCELLABLE = ("exec", "shell", "run_code", "attach", "watch")
 _ANSWERED_WITH = re.compile(r"answered with error '([a-z_]+)'")
+_SUN_PATH_MAX = 107  # a Unix socket's path, in bytes (sockaddr_un's sun_path, less its NUL)
 
 
 def _fmt_seconds(s: float) -> str:
     return repr(float(s)) if s != int(s) else str(int(s))
+
+
+def _given_vsock_uds(args: Sequence[str]) -> Optional[str]:
+    """The ``--vsock-uds`` path among the caller's agentvm arguments, if they name one."""
+    for i, arg in enumerate(args):
+        if arg == "--vsock-uds" and i + 1 < len(args):
+            return args[i + 1]
+        if arg.startswith("--vsock-uds="):
+            return arg[len("--vsock-uds="):]
+    return None
+
+
+def _private_socket_dir() -> Tuple[str, str]:
+    """A new directory of this user's alone (0700) for an episode's ``--vsock-uds`` socket, and
+    the socket's path in it. Under /tmp when ``$TMPDIR`` is too long a path for a socket."""
+    made = tempfile.mkdtemp(prefix="agentvm-vsock-")
+    path = os.path.join(made, "vsock")
+    if len(os.fsencode(path)) > _SUN_PATH_MAX and os.path.isdir("/tmp"):
+        os.rmdir(made)
+        made = tempfile.mkdtemp(prefix="agentvm-vsock-", dir="/tmp")
+        path = os.path.join(made, "vsock")
+    return made, path
 
 
 class _Call:
@@ -147,6 +173,10 @@ class EpisodeTransport:
         self.extra_args = list(extra_args)
         # agentvm's arguments the caller gave (without --template): its forks start with them.
         self.fork_args = list(fork_args)
+        # The episode's --vsock-uds socket, through which ports.forward reaches the guest: the
+        # caller's, or one in a private directory made at start and removed once it has ended.
+        self.vsock_uds = _given_vsock_uds(self.extra_args)
+        self._vsock_dir: Optional[str] = None
         self.grace = grace
         self.envs: Dict[str, str] = {} if envs is None else envs
         self.loop = asyncio.get_running_loop()
@@ -245,6 +275,8 @@ class EpisodeTransport:
             args += ["--snapshot", self.snapshot]
         if self.snapshot_dir is not None:
             args += ["--snapshot-dir", self.snapshot_dir]
+        if self._vsock_dir is not None and self.vsock_uds is not None:
+            args += ["--vsock-uds", self.vsock_uds]
         return args + self.extra_args
 
     async def live_snapshot(self, name: str) -> Dict[str, Any]:
@@ -263,11 +295,19 @@ class EpisodeTransport:
             if self._hold is None:
                 raise StartFailed("start_failed", f"the snapshot directory {self.managed.path} is gone "
                                   "(nothing needed it any more, or its paused snapshots expired)")
+        if self.vsock_uds is None:
+            try:
+                self._vsock_dir, self.vsock_uds = _private_socket_dir()
+            except OSError as e:
+                self.release_hold()
+                raise StartFailed("start_failed", f"cannot make a directory for the episode's vsock socket: {e}") \
+                    from e
         try:
             self.proc = subprocess.Popen(self.argv(), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                          stderr=subprocess.PIPE, bufsize=0, close_fds=True)
         except OSError as e:
             self.release_hold()
+            self._remove_vsock_dir()
             raise StartFailed("start_failed", f"cannot run {self.binary}: {e}") from e
         self._started_at = self.loop.time()
         self.pid = self.proc.pid
@@ -371,6 +411,13 @@ class EpisodeTransport:
         if self._stdin_p is not None:
             self._stdin_p._wake()
         self.release_hold()
+        self._remove_vsock_dir()
+
+    def _remove_vsock_dir(self) -> None:
+        """The episode has ended (or never started): its vsock socket's directory goes."""
+        made, self._vsock_dir = self._vsock_dir, None
+        if made is not None:
+            shutil.rmtree(made, ignore_errors=True)
 
     def release_hold(self) -> None:
         """The episode has ended (or never started): it no longer needs its managed directory."""
@@ -463,6 +510,7 @@ class EpisodeTransport:
                 except subprocess.TimeoutExpired:
                     return  # still running: it still needs its snapshot directory
         self.release_hold()
+        self._remove_vsock_dir()
 
     async def close(self) -> None:
         """Ends the episode gracefully: end of stdin; running calls are answered first."""
@@ -493,6 +541,21 @@ class EpisodeTransport:
     def info(self) -> Mapping[str, Any]:
         return {"id": self.sandbox_id, "pid": self.pid, "restored": self.restored,
                 "running": self._dead is None and self._reaper is None}
+
+    def port_dialer(self) -> Dialer:
+        """The episode's ``--vsock-uds`` socket, then the guest's port forwarder (vsock port 53)."""
+        if self._dead is not None:
+            raise self._dead_copy()
+        if self.vsock_uds is None:
+            raise ValueError("this episode was started without a vsock socket (--vsock-uds)")
+        return HybridVsockDialer(self.vsock_uds)
+
+    def port_url(self, port: int) -> str:
+        raise ValueError(f"ports.url is for service mode (serve's HTTP proxy to a guest port); an embedded "
+                         f"sandbox's port is reached through ports.forward({port}), a local TCP port")
+
+    def port_headers(self) -> Dict[str, str]:
+        return {}
 
     # -- lines ------------------------------------------------------------------------------
 

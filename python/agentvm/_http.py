@@ -24,6 +24,7 @@ from typing import Any, Awaitable, Callable, Dict, Iterable, List, Mapping, Opti
 
 from ._common import (DEFAULT_GRACE, MAX_LINE_BYTES, FileData, OnEvent, OnRef, StreamValue, cancel_quietly,
                       wait_answer)
+from ._forward import Dialer, ServeDialer
 from .errors import (AgentvmError, CallTimeout, SandboxDied, SandboxLost, ServiceError, error_from_protocol)
 
 _executor_lock = threading.Lock()
@@ -563,6 +564,26 @@ class ServiceTransport:
 
     def info(self) -> Mapping[str, Any]:
         return dict(self.described)
+
+    def port_dialer(self) -> Dialer:
+        """A new connection to serve per forwarded connection, upgraded to the guest port's
+        stream (``GET …/tcp/{port}``, ``Upgrade: agentvm-tcp``)."""
+        if self._gone is not None:
+            raise _again(self._gone)
+        c = self.client
+        if c.kind == "https":
+            raise ValueError(f"ports.forward speaks plain HTTP to serve, not TLS ({c.url}): reach serve at an "
+                             "http:// or unix: URL")
+        return ServeDialer(c.kind, c.host, c.port, c.prefix, c.token, self._path())
+
+    def port_url(self, port: int) -> str:
+        if self.client.kind == "unix":
+            raise ValueError(f"ports.url needs serve on a TCP listener (http://host:port); {self.client.url} is a "
+                             f"Unix socket: use ports.forward({port}) for a local TCP port instead")
+        return self.client.url.rstrip("/") + self._path(f"ports/{port}") + "/"
+
+    def port_headers(self) -> Dict[str, str]:
+        return {"Authorization": f"Bearer {self.client.token}"} if self.client.token else {}
 
 
 def _again(gone: SandboxDied) -> SandboxDied:

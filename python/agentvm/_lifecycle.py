@@ -16,6 +16,7 @@ from ._contexts import ContextRef
 from ._episode import EpisodeTransport
 from ._files import AsyncFiles
 from ._http import HttpClient, SandboxList, ServiceTransport, list_sandboxes
+from ._ports import AsyncPorts
 from ._processes import AsyncPty, attachments_suspended, paused_error
 from ._validate import MAX_FORK_COUNT, MAX_SANDBOX_TIMEOUT
 from ._watch import watches_suspended
@@ -36,6 +37,7 @@ class AsyncSandbox:
         self.commands = AsyncCommands(self)
         self.files = AsyncFiles(self)
         self.pty = AsyncPty(self)
+        self.ports = AsyncPorts(self)
         self._killed = False
         self._paused = False
 
@@ -193,6 +195,7 @@ class AsyncSandbox:
             watches.end()
         self._paused = True
         _loop.unregister_exit(self._kill_at_exit)
+        await self.ports._close_all()
         return resume_id
 
     # -- identity and life ---------------------------------------------------------------------
@@ -236,11 +239,13 @@ class AsyncSandbox:
     async def kill(self) -> None:
         """Ends the sandbox and its VM at once (running calls fail with :class:`SandboxDied`).
         Embedded: SIGTERM to the episode (SIGKILL if it has not ended 30 s later); service:
-        ``DELETE``. Killing a dead or paused sandbox does nothing (a paused one stays paused)."""
+        ``DELETE``. Its port forwards are closed. Killing a dead or paused sandbox does nothing
+        (a paused one stays paused)."""
         if self._killed or self._paused:
             return
         self._killed = True
         _loop.unregister_exit(self._kill_at_exit)
+        await self.ports._close_all()
         await self._transport.kill()
 
     async def is_running(self) -> bool:

@@ -13,6 +13,7 @@ from ._contexts import ContextRef
 from ._files import AsyncFiles, Data, EntryList
 from ._http import SandboxList
 from ._lifecycle import AsyncSandbox
+from ._ports import AsyncPortForward, AsyncPorts
 from ._processes import AsyncProcess, AsyncPty, PidOrTag, PtyOutput, Signal
 from ._watch import AsyncWatchHandle, OnFilesystemEvent
 from .models import CodeContext, CommandResult, Execution, FileInfo, FilesystemEvent, ProcessInfo, ProcessResult
@@ -299,6 +300,65 @@ class WatchHandle:
         return repr(self._h)[len("Async"):]
 
 
+class PortForward:
+    """The blocking view of an :class:`AsyncPortForward`: a local TCP listener bridged to a
+    guest port until :meth:`close` (or the end of a ``with`` block, or the sandbox's kill)."""
+
+    def __init__(self, forward: AsyncPortForward) -> None:
+        self._f = forward
+
+    @property
+    def host(self) -> str:
+        return self._f.host
+
+    @property
+    def port(self) -> int:
+        return self._f.port
+
+    @property
+    def address(self) -> str:
+        return self._f.address
+
+    @property
+    def guest_port(self) -> int:
+        return self._f.guest_port
+
+    @property
+    def closed(self) -> bool:
+        return self._f.closed
+
+    def close(self) -> None:
+        # The forward lives on threads of its own: closing it needs no event loop.
+        self._f._forwarder.close()
+
+    def __enter__(self) -> PortForward:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return repr(self._f)[len("Async"):]
+
+
+class Ports:
+    """The blocking ``sandbox.ports`` (:class:`AsyncPorts`)."""
+
+    def __init__(self, ports: AsyncPorts) -> None:
+        self._p = ports
+
+    def url(self, port: int) -> str:
+        """As :meth:`AsyncPorts.url`."""
+        return self._p.url(port)
+
+    def headers(self) -> Dict[str, str]:
+        return self._p.headers()
+
+    def forward(self, guest_port: int, *, host: str = "127.0.0.1", port: int = 0) -> PortForward:
+        """As :meth:`AsyncPorts.forward`."""
+        return PortForward(_loop.run(self._p.forward(guest_port, host=host, port=port)))
+
+
 class Sandbox:
     """A sandbox, blocking: ``Sandbox(...)`` creates it (same arguments as
     :meth:`AsyncSandbox.create`). Every instance runs on the package's one background
@@ -316,6 +376,7 @@ class Sandbox:
         self.commands = Commands(self._sb.commands)
         self.files = Files(self._sb.files)
         self.pty = Pty(self._sb.pty)
+        self.ports = Ports(self._sb.ports)
 
     @classmethod
     def create(cls, snapshot: Optional[str] = None, timeout: float = 300,
@@ -334,6 +395,7 @@ class Sandbox:
         obj.commands = Commands(sandbox.commands)
         obj.files = Files(sandbox.files)
         obj.pty = Pty(sandbox.pty)
+        obj.ports = Ports(sandbox.ports)
         return obj
 
     @classmethod

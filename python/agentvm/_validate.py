@@ -89,6 +89,15 @@ def max_output(value: Any) -> Optional[int]:
     return value
 
 
+def port(name: str, value: Any, *, low: int = 1) -> int:
+    """A TCP port number, ``low`` (1, or 0 for "any free port") to 65535."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int (a TCP port), not {type(value).__name__}")
+    if not low <= value <= 65535:
+        raise ValueError(f"{name} must be from {low} to 65535, not {value}")
+    return value
+
+
 def callback(name: str, value: Any) -> None:
     if value is not None and not callable(value):
         raise TypeError(f"{name} must be callable, not {type(value).__name__}")

@@ -25,6 +25,8 @@ TWINS = [
     (module.Process, module.AsyncProcess),
     (module.Pty, module.AsyncPty),
     (module.WatchHandle, module.AsyncWatchHandle),
+    (module.Ports, module.AsyncPorts),
+    (module.PortForward, module.AsyncPortForward),
 ]
 
 
@@ -40,7 +42,7 @@ def spelled(annotation: Any) -> str:
 
 def blocking_form(annotation: Any) -> str:
     """An async method's return annotation as its blocking twin spells it."""
-    text = re.sub(r"\bAsync(Sandbox|CommandHandle|Commands|Files|Process|Pty|WatchHandle)\b", r"\1", spelled(annotation))
+    text = re.sub(r"\bAsync(Sandbox|CommandHandle|Commands|Files|Process|Pty|WatchHandle|Ports|PortForward)\b", r"\1", spelled(annotation))
     return re.sub(r"^AsyncGenerator\[(.*), NoneType\]$", r"Generator[\1, NoneType, NoneType]", text)
 
 

@@ -491,6 +491,7 @@ E2bSandboxView E2bControlPlane::view_of(const Sandbox& sandbox)
     const SandboxSettings& settings = sandbox.settings();
     const Json& state = e2b_state(settings);
     E2bSandboxView view;
+    view.domain = manager_.config().e2b_domain;
     view.id = settings.id;
     view.template_id = state.value("templateID", sandbox.pool());
     if (state.contains("alias") && state["alias"].is_string())
@@ -512,6 +513,7 @@ E2bSandboxView E2bControlPlane::view_of(const PausedSandbox& paused)
 {
     const Json& state = e2b_state(paused.settings);
     E2bSandboxView view;
+    view.domain = manager_.config().e2b_domain;
     view.id = paused.settings.id;
     view.template_id = state.value("templateID", paused.pool);
     if (state.contains("alias") && state["alias"].is_string())

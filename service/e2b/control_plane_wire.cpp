@@ -239,7 +239,7 @@ Json e2b_sandbox_json(const E2bSandboxView& view)
     Json out = common_fields(view);
     out["envdAccessToken"] = view.envd_token;
     out["trafficAccessToken"] = view.traffic_token;
-    out["domain"] = nullptr;
+    out["domain"] = view.domain.empty() ? Json(nullptr) : Json(view.domain);
     return out;
 }
 
@@ -248,7 +248,7 @@ Json e2b_detail_json(const E2bSandboxView& view)
     Json out = common_fields(view);
     add_state(out, view);
     out["envdAccessToken"] = view.envd_token;
-    out["domain"] = nullptr;
+    out["domain"] = view.domain.empty() ? Json(nullptr) : Json(view.domain);
     // agentvm's VMs have no network: internet access is off, whatever the create said.
     out["allowInternetAccess"] = false;
     out["lifecycle"] = Json{{"onTimeout", view.pause_on_timeout ? "pause" : "kill"}, {"autoResume", false}};

@@ -86,6 +86,7 @@ struct E2bSandboxView {
     uint64_t memory_mb = 0;
     uint64_t disk_mb = 0;
     bool pause_on_timeout = false;
+    std::string domain;  // serve's --e2b-domain: getHost(port) is "<port>-<id>.<domain>"; none when empty
 };
 // Sandbox: the answer of create, connect and each fork.
 Json e2b_sandbox_json(const E2bSandboxView& view);

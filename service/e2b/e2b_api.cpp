@@ -33,19 +33,29 @@ HttpServer::Admission refused(ServiceError code, std::string message, const Erro
 
 } // namespace
 
-E2bApi::E2bApi(SandboxManager& manager, std::optional<std::string> token, PeerFetcher* peers)
+E2bApi::E2bApi(SandboxManager& manager, std::optional<std::string> token, GuestPorts& ports, PeerFetcher* peers)
     : manager_(manager),
       token_(std::move(token)),
       tokens_(manager.config().state_dir),
       control_(manager, tokens_, peers),
       envd_(manager, tokens_),
-      interpreter_(manager, tokens_)
+      interpreter_(manager, tokens_),
+      ports_(ports)
 {
 }
 
 bool E2bApi::takes(const HttpExchange& head) const
 {
-    return head.header(sandbox_id_header) || control_plane_path(head.path()) || signed_file_url(head);
+    return head.header(sandbox_id_header) || host_route(head) || control_plane_path(head.path())
+           || signed_file_url(head);
+}
+
+std::optional<std::pair<std::string, std::string>> E2bApi::host_route(const HttpExchange& head) const
+{
+    const std::string& domain = manager_.config().e2b_domain;
+    if (domain.empty())
+        return std::nullopt;
+    return sandbox_host(head.header("Host").value_or(""), domain);
 }
 
 bool E2bApi::signed_file_url(const HttpExchange& head)
@@ -73,7 +83,9 @@ std::optional<std::string> E2bApi::signer_of(const HttpExchange& head)
 HttpServer::Admission E2bApi::admit(HttpExchange& head)
 {
     if (const std::optional<std::string> sandbox_id = head.header(sandbox_id_header))
-        return admit_sandbox_traffic(head, *sandbox_id);
+        return admit_sandbox_traffic(head, *sandbox_id, head.header(sandbox_port_header));
+    if (const auto routed = host_route(head))
+        return admit_sandbox_traffic(head, routed->second, routed->first);
     // A signed URL handed to a plain client (the SDKs' downloadUrl()/uploadUrl() with
     // E2B_SANDBOX_URL set) names no sandbox: the sandbox whose token made the signature is it.
     if (signed_file_url(head)) {
@@ -105,18 +117,41 @@ std::optional<Refusal> E2bApi::control_refusal(HttpExchange& head) const
     return client_refusal(head, std::nullopt);
 }
 
-HttpServer::Admission E2bApi::admit_sandbox_traffic(HttpExchange& head, const std::string& sandbox_id)
+HttpServer::Admission E2bApi::admit_sandbox_traffic(HttpExchange& head, const std::string& sandbox_id,
+                                                    const std::optional<std::string>& port)
 {
-    const std::optional<std::string> port = head.header(sandbox_port_header);
     if (port == std::to_string(envd_port))
         return envd_.admit(head, sandbox_id);
     if (port == std::to_string(interpreter_port))
         return interpreter_.admit(head, sandbox_id);
-    return refused(ServiceError::ended,
-                   fmt::format("sandbox {}: port {} is not served (agentvm answers envd on {} and the code "
-                               "interpreter on {})",
-                               sandbox_id, port.value_or("(none)"), envd_port, interpreter_port),
-                   e2b_http_errors());
+    if (!port)
+        return refused(ServiceError::bad_field,
+                       fmt::format("sandbox {}: the request names no port ({} is missing)", sandbox_id,
+                                   sandbox_port_header),
+                       e2b_http_errors());
+    return admit_port_traffic(sandbox_id, *port);
+}
+
+HttpServer::Admission E2bApi::admit_port_traffic(const std::string& sandbox_id, const std::string& port_text)
+{
+    // As E2B's proxy: a sandbox's ports are public unless its owner said otherwise; serve's
+    // token is not asked for (a browser sent to getHost(port) carries none).
+    HttpServer::Admission admission;
+    admission.errors = &e2b_http_errors();
+    admission.streams_body = true;
+    admission.handler = [this, sandbox_id, port_text](const std::shared_ptr<HttpExchange>& exchange) {
+        try {
+            const uint16_t port = GuestPorts::port_number(port_text);
+            std::shared_ptr<Sandbox> sandbox = routed_sandbox(manager_, sandbox_id);
+            if (!sandbox)
+                return exchange->refuse(sandbox_not_running(manager_, sandbox_id));
+            ports_.relay_http(exchange, *sandbox, port, exchange->target(),
+                              {sandbox_id_header, sandbox_port_header, "E2B-Traffic-Access-Token"});
+        } catch (const RefusedRequest& e) {
+            exchange->refuse(e.code, e.what());
+        }
+    };
+    return admission;
 }
 
 } // namespace agentvm

@@ -17,6 +17,7 @@
 #include <optional>
 #include <string>
 
+#include "service/ports/guest_ports.hpp"
 #include "service/e2b/control_plane.hpp"
 #include "service/e2b/envd_api.hpp"
 #include "service/e2b/interpreter_api.hpp"
@@ -31,7 +32,8 @@ public:
     // `token`: the X-API-KEY every control-plane request must carry, when set; without one
     // only this host's own clients are let in (client_auth.hpp).
     // `peers`: the fleet's other nodes, whose lists Sandbox.list gathers (control_plane.hpp).
-    E2bApi(SandboxManager& manager, std::optional<std::string> token, PeerFetcher* peers = nullptr);
+    // `ports`: where traffic for any other E2b-Sandbox-Port goes (the sandbox's own servers).
+    E2bApi(SandboxManager& manager, std::optional<std::string> token, GuestPorts& ports, PeerFetcher* peers = nullptr);
 
     bool takes(const HttpExchange& head) const override;
     HttpServer::Admission admit(HttpExchange& head) override;
@@ -40,8 +42,14 @@ private:
     // GET or POST /files with a signature and no E2b-Sandbox-Id, and the sandbox that signed it.
     static bool signed_file_url(const HttpExchange& head);
     std::optional<std::string> signer_of(const HttpExchange& head);
-    HttpServer::Admission admit_sandbox_traffic(HttpExchange& head, const std::string& sandbox_id);
+    // A sandbox's traffic, named by E2b-Sandbox-Id and E2b-Sandbox-Port or by its Host.
+    HttpServer::Admission admit_sandbox_traffic(HttpExchange& head, const std::string& sandbox_id,
+                                                const std::optional<std::string>& port);
+    // With --e2b-domain, a Host "<port>-<id>.<domain>": {port, id}.
+    std::optional<std::pair<std::string, std::string>> host_route(const HttpExchange& head) const;
     std::optional<Refusal> control_refusal(HttpExchange& head) const;
+    // Traffic for a port of the sandbox's own (getHost(port)): carried to its guest as it is.
+    HttpServer::Admission admit_port_traffic(const std::string& sandbox_id, const std::string& port);
 
     SandboxManager& manager_;
     std::optional<std::string> token_;
@@ -49,6 +57,7 @@ private:
     E2bControlPlane control_;
     EnvdApi envd_;
     InterpreterApi interpreter_;
+    GuestPorts& ports_;
 };
 
 } // namespace agentvm

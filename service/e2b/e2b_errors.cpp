@@ -130,6 +130,7 @@ std::string_view connect_code(ServiceError code)
         return "failed_precondition";
     case ServiceError::ended:
     case ServiceError::sandbox_lost:
+    case ServiceError::port_unreachable:
     case ServiceError::draining:
     case ServiceError::shutting_down:
     case ServiceError::start_failed:

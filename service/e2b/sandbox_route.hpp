@@ -20,6 +20,10 @@ inline constexpr int interpreter_port = 49999;
 // signed its URL), or nullptr (none, paused, ended, stopping).
 std::shared_ptr<Sandbox> routed_sandbox(SandboxManager& manager, const std::string& sandbox_id);
 
+// "<port>-<id>.<domain>[:N]" -> {port, id} (E2B's getHost(port) names a sandbox's port so);
+// nothing for any other host. Compared without case, as DNS names are.
+std::optional<std::pair<std::string, std::string>> sandbox_host(const std::string& host, const std::string& domain);
+
 // The refusal for a request whose sandbox is not running, naming why.
 Refusal sandbox_not_running(SandboxManager& manager, const std::string& sandbox_id);
 

@@ -90,6 +90,32 @@ std::optional<uint64_t> positive_integer(const std::string& text)
     return value == 0 ? std::nullopt : std::optional<uint64_t>(value);
 }
 
+// "/v1/sandboxes/ID/ports/..." or ".../tcp/...": a request for a guest's port.
+bool port_path(const std::string& path)
+{
+    if (!path.starts_with(std::string(sandboxes_prefix) + "/"))
+        return false;
+    const size_t id_end = path.find('/', sandboxes_prefix.size() + 1);
+    if (id_end == std::string::npos)
+        return false;
+    const std::string_view action = std::string_view(path).substr(id_end + 1);
+    return action.starts_with("ports/") || action.starts_with("tcp/");
+}
+
+// What the guest's server is asked for: the client's target as sent (still percent-encoded,
+// with its query) less its first `segments` path segments, "/v1/sandboxes/ID/ports/P".
+std::string target_after(const std::string& target, size_t segments)
+{
+    const size_t query = target.find('?');
+    size_t at = 0;
+    for (size_t i = 0; i < segments; ++i) {
+        at = target.find('/', at + 1);
+        if (at == std::string::npos || (query != std::string::npos && at > query))
+            return "/" + (query == std::string::npos ? std::string() : target.substr(query));
+    }
+    return target.substr(at);
+}
+
 // ".../sandboxes/ID/ACTION" -> {ID, ACTION}; ACTION is empty for the sandbox itself.
 std::pair<std::string, std::string> split_sandbox_path(std::string_view rest)
 {
@@ -111,9 +137,11 @@ HttpServer::Admission NativeApi::admit(HttpExchange& head)
     HttpServer::Admission admission;
     admission.errors = &native_errors();
     admission.handler = [this](const std::shared_ptr<HttpExchange>& exchange) { handle(exchange); };
-    // File uploads stream: their size is bounded by the guest's disk, not by a buffer here.
+    // File uploads stream: their size is bounded by the guest's disk, not by a buffer here;
+    // so do requests to a guest's port, whatever their size, on to the guest.
     admission.streams_body =
-        head.method() == "PUT" && head.path().starts_with(sandboxes_prefix) && head.path().ends_with("/files");
+        (head.method() == "PUT" && head.path().starts_with(sandboxes_prefix) && head.path().ends_with("/files"))
+        || port_path(head.path());
     admission.refusal = client_refusal(head, token_);
     return admission;
 }
@@ -276,6 +304,8 @@ void NativeApi::sandbox_request(const std::shared_ptr<HttpExchange>& exchange, c
         require_method(*exchange, "GET");
         return start_download(sandbox, exchange, *file);
     }
+    if (action.starts_with("ports/") || action.starts_with("tcp/"))
+        return port_request(exchange, *sandbox, action);
     if (action == "timeout") {
         require_method(*exchange, "POST");
         const Json body = json_body(*exchange);
@@ -432,6 +462,29 @@ void NativeApi::file_info(const std::shared_ptr<HttpExchange>& exchange, const s
     };
     sandbox->call(std::move(request), std::nullopt,
                   answering(exchange, CallHandlers{[](Json&&) {}, std::move(on_answer)}));
+}
+
+void NativeApi::port_request(const std::shared_ptr<HttpExchange>& exchange, Sandbox& sandbox,
+                             const std::string& action)
+{
+    const bool raw = action.starts_with("tcp/");
+    const std::string rest = action.substr(raw ? 4 : 6);
+    const size_t slash = rest.find('/');
+    const uint16_t port = GuestPorts::port_number(rest.substr(0, slash));
+    if (raw) {
+        if (slash != std::string::npos)
+            throw RefusedRequest(ServiceError::not_found, fmt::format("no such endpoint: {} .../{}", exchange->method(), action));
+        require_method(*exchange, "GET");
+        const std::optional<std::string> upgrade = exchange->header("Upgrade");
+        if (!upgrade || *upgrade != raw_tcp_upgrade)
+            throw RefusedRequest(ServiceError::bad_field,
+                                 fmt::format(".../tcp/{} switches the connection to a byte stream: send "
+                                             "'Connection: Upgrade' and 'Upgrade: {}'",
+                                             port, raw_tcp_upgrade));
+        return ports_.relay_tcp(exchange, sandbox, port);
+    }
+    // "/v1/sandboxes/ID/ports/P/..." -> "/...": the guest's server sees its own paths.
+    ports_.relay_http(exchange, sandbox, port, target_after(exchange->target(), 5), {"Authorization"});
 }
 
 } // namespace agentvm

@@ -11,6 +11,7 @@
 #include "service/facade.hpp"
 #include "service/fleet/peer_fetcher.hpp"
 #include "service/idempotent_creates.hpp"
+#include "service/ports/guest_ports.hpp"
 #include "service/sandbox_manager.hpp"
 
 namespace agentvm {
@@ -19,8 +20,10 @@ class NativeApi : public Facade {
 public:
     // `token`: what client_auth.hpp requires of every request, when set. `peers`: the other
     // nodes of the fleet, whose lists GET /v1/sandboxes gathers (none: this node's alone).
-    NativeApi(SandboxManager& manager, std::optional<std::string> token, PeerFetcher* peers = nullptr)
-        : manager_(manager), token_(std::move(token)), peers_(peers)
+    // `ports`: where requests to a sandbox's guest ports go (.../ports/P/..., .../tcp/P).
+    NativeApi(SandboxManager& manager, std::optional<std::string> token, GuestPorts& ports,
+              PeerFetcher* peers = nullptr)
+        : manager_(manager), token_(std::move(token)), ports_(ports), peers_(peers)
     {
     }
 
@@ -50,8 +53,12 @@ private:
     void file_info(const std::shared_ptr<HttpExchange>& exchange, const std::shared_ptr<Sandbox>& sandbox,
                    const std::string& op, const std::string& file);
 
+    // .../ports/P[/PATH]: an HTTP request to the guest's port P; .../tcp/P: a raw stream to it.
+    void port_request(const std::shared_ptr<HttpExchange>& exchange, Sandbox& sandbox, const std::string& action);
+
     SandboxManager& manager_;
     std::optional<std::string> token_;
+    GuestPorts& ports_;
     PeerFetcher* peers_;
     IdempotentCreates creates_;  // the native API's Idempotency-Keys, creates' and forks'
 };

@@ -82,6 +82,9 @@ int native_status(ServiceError code)
     case ServiceError::unavailable:
     case ServiceError::unsupported_transfer_encoding:
         return 501;
+    // As a proxy answers for an upstream that does not (RFC 9110 15.6.3).
+    case ServiceError::port_unreachable:
+        return 502;
     case ServiceError::memory_reserve:
     case ServiceError::draining:
     case ServiceError::shutting_down:

@@ -1,6 +1,6 @@
 // The host side of the agent tests: the real agentvm-agent binary started with
-// --listen unix:PATH (Agent), a client speaking the protocol to it (Client), and helpers
-// that look for the processes calls leave behind.
+// --listen unix:PATH and --ports-listen unix:PATH (Agent), a client speaking the protocol to
+// it (Client), and helpers that look for the processes calls leave behind.
 #pragma once
 
 #include <doctest/doctest.h>
@@ -110,18 +110,21 @@ public:
     // of /etc's, when not empty.
     explicit Agent(int oom_score_adj = 0, const std::string& user_file = "", int max_processes = 0,
                    const std::string& accounts = "")
-        : dir_(make_temp_dir()), socket_path_(dir_ + "/agent.sock")
+        : dir_(make_temp_dir()), socket_path_(dir_ + "/agent.sock"), ports_socket_path_(dir_ + "/ports.sock")
     {
         const std::string adj = std::to_string(oom_score_adj);
         // The calls' user must reach the shell's FIFOs in dir_ (where TMPDIR puts them).
         if (!user_file.empty())
             REQUIRE(::chmod(dir_.c_str(), 0711) == 0);
         const std::string listen = "unix:" + socket_path_;
+        // Never the default vsock:53: the host's vsock, where there is one, is no test's.
+        const std::string ports_listen = "unix:" + ports_socket_path_;
         // Without --user-file, one that no host has: the calls run as root.
         const std::string users = user_file.empty() ? dir_ + "/no-user-file" : user_file;
         const std::string max = std::to_string(max_processes);
         // Made before the fork: a forked child of a threaded test should not allocate.
-        std::vector<const char*> args{AGENTVM_AGENT_BIN, "--listen", listen.c_str(), "--user-file", users.c_str()};
+        std::vector<const char*> args{AGENTVM_AGENT_BIN, "--listen", listen.c_str(), "--ports-listen",
+                                      ports_listen.c_str(), "--user-file", users.c_str()};
         if (max_processes != 0)
             args.insert(args.end(), {"--max-processes", max.c_str()});
         if (!accounts.empty())
@@ -149,12 +152,15 @@ public:
     }
     const std::string& dir() const { return dir_; }
     const std::string& socket_path() const { return socket_path_; }
+    // The port relay's listener (guest/agent/port_relay.hpp).
+    const std::string& ports_socket_path() const { return ports_socket_path_; }
     bool alive() const { return ::waitpid(pid_, nullptr, WNOHANG) == 0; }
     pid_t pid() const { return pid_; }
 
 private:
     std::string dir_;
     std::string socket_path_;
+    std::string ports_socket_path_;
     pid_t pid_ = -1;
 };
 

@@ -9,11 +9,18 @@ except where the request asks it to misbehave:
 - stat or read_file whose path contains "die": the episode ends without answering (mid-fetch).
 
 SIGTERM (serve stopping it) answers every call still running with `stopped`, then exits, as
-the real episode does. Its arguments (episode --announce-ready ...) are ignored."""
+the real episode does. Of its arguments (episode --announce-ready ...) only --vsock-uds PATH
+is read: it then plays the VMM's end of vsock and the guest agent's port relay together at PATH
+(docs/protocol.md, "Guest ports"), the "guest" being this host's loopback: after "CONNECT 53"
+and "PORT p", the stream is a connection to 127.0.0.1:p. A port the test names in the
+environment variable FAKE_EPISODE_SILENT_PORT is accepted and then never answered."""
 import base64
 import json
+import os
 import signal
+import socket
 import sys
+import threading
 
 running = set()
 
@@ -29,8 +36,67 @@ def stopped(_signum, _frame):
     sys.exit(0)
 
 
+def read_line(conn, limit=64):
+    line = b""
+    while not line.endswith(b"\n"):
+        piece = conn.recv(1)
+        if not piece or len(line) >= limit:
+            return None
+        line += piece
+    return line[:-1].decode(errors="replace")
+
+
+def pump(source, sink):
+    try:
+        while True:
+            data = source.recv(65536)
+            if not data:
+                break
+            sink.sendall(data)
+        sink.shutdown(socket.SHUT_WR)
+    except OSError:
+        pass
+
+
+def relay(conn):
+    with conn:
+        if read_line(conn) != "CONNECT 53":
+            return
+        conn.sendall(b"OK 1\n")
+        line = read_line(conn) or ""
+        if not line.startswith("PORT "):
+            conn.sendall(b"ERR bad request\n")
+            return
+        port = int(line[5:])
+        if str(port) == os.environ.get("FAKE_EPISODE_SILENT_PORT"):
+            threading.Event().wait(3600)
+        try:
+            server = socket.create_connection(("127.0.0.1", port), timeout=5)
+        except OSError as e:
+            conn.sendall(f"ERR nothing listens on guest port {port} ({e.strerror})\n".encode())
+            return
+        server.settimeout(None)
+        conn.sendall(b"OK\n")
+        with server:
+            back = threading.Thread(target=pump, args=(server, conn), daemon=True)
+            back.start()
+            pump(conn, server)
+            back.join()
+
+
+def serve_vsock(listener):
+    while True:
+        conn, _ = listener.accept()
+        threading.Thread(target=relay, args=(conn,), daemon=True).start()
+
+
 def main():
     signal.signal(signal.SIGTERM, stopped)
+    if "--vsock-uds" in sys.argv:
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind(sys.argv[sys.argv.index("--vsock-uds") + 1])
+        listener.listen(128)
+        threading.Thread(target=serve_vsock, args=(listener,), daemon=True).start()
     send({"event": "ready", "restored": False})
     for line in sys.stdin:
         request = json.loads(line)

@@ -59,3 +59,19 @@ TEST_CASE("an id serve does not have is lost when it names another node or an ea
     CHECK(restarted->message.find("restarted") != std::string::npos);
     CHECK(restarted->message.find("0ff1ce") != std::string::npos);
 }
+
+TEST_CASE("a host name becomes a node id: first label, lower case, other characters a '-'")
+{
+    CHECK(node_id_from_host_name("gpu-07.cluster.example") == "gpu-07");
+    CHECK(node_id_from_host_name("GPU_07") == "gpu-07");
+    CHECK(node_id_from_host_name("(none)") == "none");
+    CHECK(node_id_from_host_name("a__b--c") == "a-b-c");
+    CHECK(node_id_from_host_name("") == "node");
+    CHECK(node_id_from_host_name("___") == "node");
+    CHECK(node_id_from_host_name(std::string(40, 'x')) == std::string(32, 'x'));
+    CHECK(node_id_from_host_name(std::string(31, 'x') + "_y") == std::string(31, 'x'));
+    for (const char* host : {"gpu-07", "GPU_07", "(none)", "a__b--c", "", "-x-", "日本"}) {
+        INFO(host);
+        CHECK(node_id_problem(node_id_from_host_name(host)).empty());
+    }
+}

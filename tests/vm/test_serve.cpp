@@ -14,7 +14,7 @@ TEST_CASE("agentvm serve runs sandboxes from a warm pool and answers every call 
     const auto r = run_in_testhost({"python3", SERVE_CHECK, AGENTVM_SERVE_BIN}, std::chrono::seconds(1500), 4096);
     INFO("stdout: " << r.out << "\nstderr: " << r.err);
     for (const char* name : {"pool_warm_and_cold", "state_within_not_across", "big_file_both_ways", "streaming",
-                             "timeouts", "vm_killed", "errors", "run_code", "code_cancel_file_info", "run_jupyter", "fusion_limits", "metrics_match", "drain_with_call_in_flight",
+                             "timeouts", "vm_killed", "errors", "run_code", "code_cancel_file_info", "run_jupyter", "fusion_limits", "metrics_match", "guest_ports", "drain_with_call_in_flight",
                              "kill9_leaves_nothing", "soak_no_leaks", "memory_reserve_refuses", "pool_warmup",
                              "plan_calibrates", "fork_pause_resume", "hostile_guest"})
         CHECK_MESSAGE(r.out.find(std::string("ok ") + name + ":") != std::string::npos, name);
