@@ -12,7 +12,7 @@
 namespace agentvm {
 namespace {
 
-std::string_view trimmed(std::string_view text)
+std::string_view node_line_trimmed(std::string_view text)
 {
     const size_t start = text.find_first_not_of(" \t\r\n");
     if (start == std::string_view::npos)
@@ -97,7 +97,7 @@ std::vector<std::string> text_lines(std::string_view text)
     std::vector<std::string> lines;
     while (!text.empty()) {
         const size_t end = text.find('\n');
-        const std::string_view line = trimmed(text.substr(0, end));
+        const std::string_view line = node_line_trimmed(text.substr(0, end));
         if (!line.empty())
             lines.emplace_back(line);
         if (end == std::string_view::npos)

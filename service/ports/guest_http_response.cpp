@@ -123,10 +123,16 @@ int GuestHttpResponse::headers_complete()
     if ((in_value_ || !field_.empty()) && !commit_field())
         return 1;
     head_.status = parser_.status_code;
+    // http-parser takes any one to three digits; MHD would send a status below 100 as it is.
+    if (head_.status < 100 || head_.status > 599) {
+        error_ = fmt::format("the guest's answer has status {}, not one from 100 to 599", head_.status);
+        return 1;
+    }
     if (head_.status >= 100 && head_.status < 200 && head_.status != 101) {
-        // Interim (100 Continue, 103 Early Hints): the real answer follows.
+        // Interim (100 Continue, 103 Early Hints): the real answer follows. It has no body
+        // (RFC 9110 15.2), whatever its fields say; 1 tells http_parser so.
         head_ = Head{};
-        return 0;
+        return 1;
     }
     HeaderList kept;
     for (auto& [name, value] : head_.headers) {
@@ -155,7 +161,7 @@ int GuestHttpResponse::headers_complete()
 int GuestHttpResponse::on_body(http_parser* parser, const char* at, size_t length)
 {
     GuestHttpResponse& response = self(parser);
-    if (response.ended_)
+    if (response.ended_ || !response.head_seen_)
         return 1;
     response.handlers_.on_body(std::string_view(at, length));
     return 0;

@@ -67,11 +67,12 @@ GuestRequestHead guest_request_head(const std::string& method, const std::string
     head.upgrade = upgrade && connection_upgrade;
 
     head.text = method + " " + target + " HTTP/1.1\r\n";
-    for (const auto& [name, value] : headers) {
+    for (const auto& header : headers) {
+        const std::string& name = header.first;
         if (hop_by_hop_header(name)
             || std::any_of(strip.begin(), strip.end(), [&](const std::string& s) { return same_name(name, s); }))
             continue;
-        head.text += name + ": " + value + "\r\n";
+        head.text += name + ": " + header.second + "\r\n";
     }
     if (head.framing == BodyFraming::length)
         head.text += "Content-Length: " + *content_length + "\r\n";

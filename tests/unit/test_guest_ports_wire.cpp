@@ -102,6 +102,13 @@ TEST_CASE("the guest's answer: HEAD, interim answers, and a protocol switch with
 TEST_CASE("a hostile guest's answer fails cleanly: garbage, early end, oversized or poisoned heads")
 {
     CHECK(read_answer("SSH-2.0-OpenSSH\r\n").error);
+    // Found by fuzz_guest_http: http-parser takes a status of two digits.
+    CHECK(read_answer("HTTP/1.1 11 X\r\n\r\n").error);
+    CHECK(read_answer("HTTP/1.1 600 X\r\n\r\n").error);
+    // Found by fuzz_guest_http: an interim answer saying it has a body; its bytes never reach the client.
+    const Read interim_body = read_answer("HTTP/1.1 100 Continue\r\nContent-Length: 3\r\n\r\nxyzHTTP/1.1 200 OK\r\n"
+                                          "Content-Length: 2\r\n\r\nok");
+    CHECK(interim_body.body.find("xyz") == std::string::npos);
     const Read silent = read_answer("");
     REQUIRE(silent.error);
     CHECK(silent.error->find("without answering") != std::string::npos);
