@@ -10,6 +10,11 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 
+// serve's --e2b-domain: create and connect answer it as `domain`, so the SDKs' getHost(port)
+// is `<port>-<sandbox id>.<e2bDomain>`, and serve routes a request with such a Host to that
+// port. Nothing resolves it; a test sends the Host header to serve's address itself.
+export const e2bDomain = 'sandbox.agentvm.test';
+
 // E2B's API keys are `e2b_` and 40 hex digits; the SDKs send the key as it is.
 export function e2bShapedKey() {
   return `e2b_${randomBytes(20).toString('hex')}`;
@@ -66,7 +71,7 @@ export class Serve {
     for (let attempt = 1; ; attempt++) {
       const port = await freePort();
       const args = ['--log-level', logLevel, '--listen', `tcp:127.0.0.1:${port}`, '--token-file', tokenFile,
-        '--mem-reserve', '256', '--state-dir', join(dir, 'state')];
+        '--mem-reserve', '256', '--state-dir', join(dir, 'state'), '--e2b-domain', e2bDomain];
       for (const [name, count] of Object.entries(pools)) args.push('--pool', `${name}=${count}`);
       if (templateStore) args.push('--template-store', templateStore);
       const log = openSync(logPath, 'w');
