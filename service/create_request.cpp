@@ -4,7 +4,9 @@
 
 #include <fmt/format.h>
 
+#include "common/error.hpp"
 #include "protocol/env_limits.hpp"
+#include "service/egress/egress_policy.hpp"
 #include "service/problem.hpp"
 
 namespace agentvm {
@@ -14,6 +16,31 @@ std::chrono::seconds sandbox_seconds(const Json& value, const char* name)
         || value.get<double>() > max_sandbox_timeout_s)
         throw_bad_field(fmt::format("\"{}\" must be a number of seconds from 1 to {}", name, max_sandbox_timeout_s));
     return std::chrono::seconds(std::llround(value.get<double>()));
+}
+
+EgressRules parse_egress_field(const Json& value)
+{
+    if (!value.is_object())
+        throw_bad_field("\"egress\" must be an object: {\"allow\": [rules], \"deny\": [rules]}");
+    EgressRules rules;
+    for (const auto& [key, list] : value.items()) {
+        if (key != "allow" && key != "deny")
+            throw_bad_field(fmt::format("\"egress\": unknown field \"{:.64}\" (allow, deny)", key));
+        if (!list.is_array() || list.size() > max_egress_rules)
+            throw_bad_field(fmt::format("\"egress\": \"{}\" must be an array of at most {} strings", key,
+                                        max_egress_rules));
+        for (const Json& rule : list) {
+            if (!rule.is_string())
+                throw_bad_field(fmt::format("\"egress\": \"{}\" must hold strings", key));
+            (key == "allow" ? rules.allow : rules.deny).push_back(rule.get<std::string>());
+        }
+    }
+    try {
+        EgressPolicy::parse(rules.allow, rules.deny);
+    } catch (const Error& e) {
+        throw_bad_field(fmt::format("\"egress\": {}", e.what()));
+    }
+    return rules;
 }
 
 CreateRequest parse_create_request(const std::string& body)
@@ -58,8 +85,11 @@ CreateRequest parse_create_request(const std::string& body)
                         "\"metadata\": \"{:.64}\" must be a string of at most 4096 bytes, its name at most 256", name));
             }
             request.settings.metadata = value;
+        } else if (key == "egress") {
+            request.settings.egress = parse_egress_field(value);
         } else {
-            throw_bad_field(fmt::format("unknown field \"{:.64}\" (pool or template, timeout, idle_timeout, env, metadata)", key));
+            throw_bad_field(fmt::format(
+                "unknown field \"{:.64}\" (pool or template, timeout, idle_timeout, env, metadata, egress)", key));
         }
     }
     return request;

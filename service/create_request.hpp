@@ -19,6 +19,10 @@ inline constexpr size_t max_metadata_entries = 64;
 // Throws RefusedRequest (bad_json, bad_field) naming the field.
 std::chrono::seconds sandbox_seconds(const Json& value, const char* name);
 
+// {"allow": [...], "deny": [...]}, each rule checked (egress_policy.hpp). Throws RefusedRequest
+// (bad_field) naming the rule at fault.
+EgressRules parse_egress_field(const Json& value);
+
 // Throws RefusedRequest (bad_json, bad_field) naming the field at fault.
 CreateRequest parse_create_request(const std::string& body);
 

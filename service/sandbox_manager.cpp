@@ -42,7 +42,7 @@ SandboxManager::SandboxManager(EventLoop& loop, ManagerConfig config, HostProbes
       pools_(config_.pools, config_.refill_concurrency, config_.pool_warmup, admission_,
              [this](Pool& pool) { start_vm(pool, true); }, probes_.now),
       snapshots_(config_.state_dir, config_.paused_retention, *this, pools_, admission_),
-      bury_timer_(loop_, [this] { graveyard_.clear(); }), sweep_timer_(loop_, [this] { sweep(); }),
+      egress_(loop_, config_.egress_limits), bury_timer_(loop_, [this] { graveyard_.clear(); }), sweep_timer_(loop_, [this] { sweep(); }),
       drain_timer_(loop_, [this] {
           drain_grace_over_ = true;
           check_drained();
@@ -188,8 +188,28 @@ void SandboxManager::hand_out(Vm& vm, Sandbox::Settings settings, Sandbox::Clock
         vm.low_weight = false;
     }
     by_id_[settings.id] = vm.sandbox.get();
+    open_egress(*vm.sandbox, settings);
     vm.sandbox->assign(std::move(settings));
     spdlog::info("sandbox {} created ({}, pool {})", vm.sandbox->id(), warm ? "warm" : "cold", vm.pool->config.name);
+}
+
+void SandboxManager::open_egress(Sandbox& sandbox, Sandbox::Settings& settings)
+{
+    const EgressRules& rules = settings.egress ? *settings.egress : config_.egress_default;
+    if (rules.allow.empty() || sandbox.guest_socket().empty())
+        return;
+    EgressPolicy policy = EgressPolicy::parse(rules.allow, rules.deny);  // checked when given
+    if (!policy.allows_any())
+        return;
+    try {
+        egress_.open(sandbox, std::move(policy));
+    } catch (const Error& e) {
+        // The sandbox goes on without it: its tools get the agent's "no egress" answer.
+        spdlog::error("sandbox {}: no egress proxy: {}", settings.id, e.what());
+        return;
+    }
+    for (auto& [name, value] : egress_proxy_env())
+        settings.env.try_emplace(name, value);  // the user's own setting wins
 }
 
 void SandboxManager::on_ready(Sandbox& sandbox)
@@ -229,6 +249,7 @@ void SandboxManager::on_exit(Sandbox& sandbox, const std::string& why)
             remember_end(sandbox.id(), "vm_died: " + why);
         }
     }
+    egress_.close(sandbox);
     snapshots_.remove_outbox(vm.outbox);
     socket_dirs_.remove(vm.socket_dir);
     graveyard_.push_back(std::move(vm.sandbox));
@@ -379,7 +400,10 @@ std::string SandboxManager::metrics_text() const
     std::vector<const Sandbox*> vms;
     for (const auto& [pointer, vm] : vms_)
         vms.push_back(vm.sandbox.get());
-    return metrics_.text(vms, pools_.configured(), admission_.available_mib(), admission_.reserve_mib());
+    MetricsText egress;
+    egress_.write_metrics(egress);
+    return metrics_.text(vms, pools_.configured(), admission_.available_mib(), admission_.reserve_mib())
+         + egress.text();
 }
 
 } // namespace agentvm

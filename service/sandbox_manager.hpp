@@ -19,6 +19,7 @@
 #include "core/event_loop.hpp"
 #include "core/loop_timer.hpp"
 #include "service/admission.hpp"
+#include "service/egress/sandbox_egress.hpp"
 #include "service/fleet/capacity_report.hpp"
 #include "service/pools.hpp"
 #include "service/problem.hpp"
@@ -56,6 +57,10 @@ struct ManagerConfig {
     // --e2b-domain: the E2B facade's sandbox domain, where "<port>-<id>.<domain>" names a
     // sandbox's port (its SDKs' getHost); empty: none.
     std::string e2b_domain;
+    // Where sandboxes may connect out when their create says nothing (--egress-allow,
+    // --egress-deny; checked before), and the limits of every sandbox's egress proxy.
+    EgressRules egress_default;
+    EgressLimits egress_limits;
 };
 
 // What the manager reads of the host, which tests replace: the time its sweep expires
@@ -128,6 +133,8 @@ public:
     void drain(std::chrono::milliseconds grace, std::function<void()> done);
 
     std::string metrics_text() const;
+    // A sandbox's egress proxy, if its policy allows anything (a facade changes its policy).
+    EgressProxy* egress_of(Sandbox& sandbox) { return egress_.find(sandbox); }
     // What the balancer is told (service/fleet/capacity_report.hpp): /healthz and --agent-check.
     CapacityInputs capacity_inputs() const;
 
@@ -163,6 +170,9 @@ private:
     void on_exit(Sandbox& sandbox, const std::string& why);
     void on_call_answered(const Json& answer, double seconds);
     void hand_out(Vm& vm, Sandbox::Settings settings, Sandbox::Clock::time_point requested, bool warm);
+    // The sandbox's egress proxy, and its proxy settings in `settings.env`, if its policy
+    // allows anything.
+    void open_egress(Sandbox& sandbox, Sandbox::Settings& settings);
     void sweep();
     // A sandbox past its lifetime or idle time: ended, or paused when its settings say so.
     void expire(Sandbox& sandbox, const std::string& why);
@@ -184,7 +194,9 @@ private:
     std::deque<std::string> ended_order_;
     std::set<std::string> auto_pausing_;  // expired sandboxes whose pause is under way
     GuestSocketDirs socket_dirs_;
-    std::vector<std::shared_ptr<Sandbox>> graveyard_;  // destroyed on the next turn of the loop
+    std::vector<std::shared_ptr<Sandbox>> graveyard_;
+    // After vms_ and graveyard_: its proxies, which hold their sandboxes, go first.
+    SandboxEgress egress_;  // destroyed on the next turn of the loop
     LoopTimer bury_timer_;
     LoopTimer sweep_timer_;
     LoopTimer drain_timer_;

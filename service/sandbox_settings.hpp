@@ -6,10 +6,19 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "protocol/agent_protocol.hpp"
 
 namespace agentvm {
+
+// A sandbox's egress rules as its user gave them (service/egress/egress_policy.hpp parses
+// them): kept as text, so that a record on disk and a facade's view show them as given.
+struct EgressRules {
+    std::vector<std::string> allow;
+    std::vector<std::string> deny;
+    bool operator==(const EgressRules&) const = default;
+};
 
 struct SandboxSettings {
     std::string id;
@@ -26,6 +35,8 @@ struct SandboxSettings {
     // its lifecycle): kept through pause and resume, and copied to fork children, so that a
     // facade needs no table of its own. serve reads nothing in it.
     Json facade = Json::object();
+    // Where it may connect out; none: serve's default (--egress-allow, --egress-deny).
+    std::optional<EgressRules> egress;
 };
 
 } // namespace agentvm

@@ -58,10 +58,12 @@ void put_settings(json& j, const SandboxSettings& settings)
     j["metadata"] = settings.metadata;
     j["pause_on_timeout"] = settings.pause_on_timeout;
     j["facade"] = settings.facade;
+    if (settings.egress)
+        j["egress"] = json{{"allow", settings.egress->allow}, {"deny", settings.egress->deny}};
 }
 
-// Throws json::exception or Error. pause_on_timeout and facade are absent from the records of
-// serves before them.
+// Throws json::exception or Error. pause_on_timeout, facade and egress are absent from the
+// records of serves before them.
 SandboxSettings get_settings(const json& j)
 {
     SandboxSettings settings;
@@ -72,6 +74,9 @@ SandboxSettings get_settings(const json& j)
     settings.metadata = j.at("metadata");
     settings.pause_on_timeout = j.value("pause_on_timeout", false);
     settings.facade = j.value("facade", json::object());
+    if (j.contains("egress"))
+        settings.egress = EgressRules{j.at("egress").at("allow").get<std::vector<std::string>>(),
+                                      j.at("egress").at("deny").get<std::vector<std::string>>()};
     if (!settings.metadata.is_object() || !settings.facade.is_object())
         throw Error("malformed metadata or facade");
     return settings;

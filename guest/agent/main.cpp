@@ -3,7 +3,8 @@
 // call; a call's failure is answered as an error and never ends the connection or the
 // agent. The shell and the interpreter are the agent's, shared by its connections. Apart
 // from the tool calls, the port relay (port_relay.hpp) lets the host reach the guest's TCP
-// servers through a listener of its own.
+// servers through a listener of its own, and the egress relay (egress_relay.hpp) carries the
+// guest's proxy connections to the host's egress proxy.
 #include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
@@ -24,6 +25,7 @@
 #include "guest/agent/accounts.hpp"
 #include "guest/agent/child_setup.hpp"
 #include "guest/agent/connection.hpp"
+#include "guest/agent/egress_relay.hpp"
 #include "guest/agent/listen_address.hpp"
 #include "guest/agent/port_relay.hpp"
 #include "guest/agent/process_table.hpp"
@@ -36,6 +38,7 @@ namespace {
 
 constexpr char usage[] =
     "usage: agentvm-agent [--listen vsock:PORT|unix:PATH] [--ports-listen vsock:PORT|unix:PATH]\n"
+    "                     [--egress-port PORT] [--egress-to vsock:PORT|unix:PATH]\n"
     "                     [--call-cgroup DIR] [--user-file PATH] [--accounts DIR] [--max-processes N]\n";
 
 // Commands get pipes for stdio, but descriptors 0-2 must not be handed out to pipes of
@@ -83,6 +86,8 @@ int run(int argc, char** argv)
 {
     std::string spec = "vsock:" + std::to_string(default_agent_port);
     std::string ports_spec = "vsock:" + std::to_string(default_ports_port);
+    long egress_port = egress_proxy_port;  // 0: no egress relay (host tests that run many agents)
+    std::string egress_spec = "vsock:" + std::to_string(egress_host_port);
     std::optional<std::string> call_cgroup;
     std::string user_file = image_user_path;  // another only for the host tests
     for (int i = 1; i < argc; ++i) {
@@ -95,6 +100,14 @@ int run(int argc, char** argv)
             ports_spec = argv[++i];
         } else if (arg.starts_with("--ports-listen=")) {
             ports_spec = std::string(arg.substr(15));
+        } else if (arg == "--egress-port" && i + 1 < argc) {
+            egress_port = std::strtol(argv[++i], nullptr, 10);
+            if (egress_port < 0 || egress_port > 65535) {
+                std::fputs("agentvm-agent: --egress-port takes 0 (none) to 65535\n", stderr);
+                return 2;
+            }
+        } else if (arg == "--egress-to" && i + 1 < argc) {
+            egress_spec = argv[++i];
         } else if (arg == "--call-cgroup" && i + 1 < argc) {
             call_cgroup = argv[++i];
         } else if (arg == "--user-file" && i + 1 < argc) {
@@ -115,6 +128,7 @@ int run(int argc, char** argv)
     }
     const ListenAddress address = parse_listen_address(spec);
     const ListenAddress ports_address = parse_listen_address(ports_spec);
+    const ListenAddress egress_host = parse_listen_address(egress_spec);
 
     // A peer that goes away mid-answer must cost a failed send, not the agent.
     ::signal(SIGPIPE, SIG_IGN);
@@ -131,6 +145,8 @@ int run(int argc, char** argv)
     Sessions sessions;
     end_sessions_with_agent(sessions);
     start_port_relay(ports_address, ports_spec);
+    if (egress_port != 0)
+        start_egress_relay(static_cast<uint16_t>(egress_port), egress_host, egress_spec);
     for (;;) {
         Fd socket(::accept4(listener.get(), nullptr, nullptr, SOCK_CLOEXEC));
         if (!socket) {

@@ -13,13 +13,13 @@
 #include <cstdio>
 #include <cstring>
 #include <exception>
-#include <mutex>
 #include <optional>
 #include <string_view>
 #include <thread>
 
 #include "common/fd.hpp"
 #include "guest/agent/byte_pump.hpp"
+#include "guest/agent/relay_log.hpp"
 
 namespace agentvm {
 
@@ -27,41 +27,7 @@ namespace {
 
 using RelayClock = std::chrono::steady_clock;
 
-// The relay's lines on stderr (the guest's console), at most a burst per period: the host can
-// open connections at will, and a flood of the same complaint says no more than one.
-class RelayLog {
-public:
-    void warn(const std::string& message)
-    {
-        std::lock_guard lock(mutex_);
-        const auto now = RelayClock::now();
-        if (now - window_start_ >= period) {
-            window_start_ = now;
-            used_ = 0;
-        }
-        if (used_ >= burst) {
-            ++suppressed_;
-            return;
-        }
-        ++used_;
-        if (suppressed_ != 0)
-            std::fprintf(stderr, "agentvm-agent: ports: %s (%llu similar lines suppressed)\n", message.c_str(),
-                         static_cast<unsigned long long>(suppressed_));
-        else
-            std::fprintf(stderr, "agentvm-agent: ports: %s\n", message.c_str());
-        suppressed_ = 0;
-    }
-
-private:
-    static constexpr unsigned burst = 10;
-    static constexpr std::chrono::seconds period{5};
-    std::mutex mutex_;
-    RelayClock::time_point window_start_{};
-    unsigned used_ = 0;
-    uint64_t suppressed_ = 0;
-};
-
-RelayLog relay_log;
+RelayLog relay_log("ports");
 std::atomic<size_t> relayed_connections{0};
 
 // Errors a peer causes by going away, which are no news.

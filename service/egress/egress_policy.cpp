@@ -75,8 +75,9 @@ std::string shown(std::string_view text, size_t max = 100)
     return out;
 }
 
-// What is wrong with `name` as a DNS host name (lower-case, without its trailing dot), or "".
-std::string name_problem(std::string_view name)
+} // namespace
+
+std::string host_name_problem(std::string_view name)
 {
     if (name.empty())
         return "the name is empty";
@@ -107,6 +108,8 @@ std::string name_problem(std::string_view name)
         return "neither an IP address (give a dotted quad) nor a DNS name (its last label is a number)";
     return "";
 }
+
+namespace {
 
 // A host as the proxy names it: an IP literal (IPv6 in brackets or not), or a DNS name.
 struct Host {
@@ -142,7 +145,7 @@ Host parse_host(std::string_view text)
     host.name = lower_case(text);
     if (host.name.ends_with('.'))
         host.name.pop_back();
-    host.problem = name_problem(host.name);
+    host.problem = host_name_problem(host.name);
     if (!host.problem.empty())
         host.name = std::string(text);
     return host;
@@ -311,7 +314,7 @@ EgressRule parse_rule(std::string_view text, std::string_view list)
         rule.name = lower_case(name);
         if (rule.name.ends_with('.'))
             rule.name.pop_back();
-        if (const std::string problem = name_problem(rule.name); !problem.empty())
+        if (const std::string problem = host_name_problem(rule.name); !problem.empty())
             fail(problem);
     }
     return rule;

@@ -64,6 +64,10 @@ struct EgressRule {
     std::string text() const;
 };
 
+// What is wrong with `name` as a DNS host name (lower-case, without its trailing dot; an IDN
+// as its A-label), or "": the one check of names for rules and for what the proxy is asked.
+std::string host_name_problem(std::string_view name);
+
 // Throws Error("egress rule '<text>': <what is wrong>").
 EgressRule parse_egress_rule(std::string_view text);
 // Throws Error naming the list (e.g. "allow") and the first bad rule.

@@ -8,6 +8,8 @@
 
 #include <fmt/format.h>
 
+#include "service/egress/egress_policy.hpp"
+
 namespace agentvm {
 
 namespace {
@@ -75,39 +77,6 @@ std::string shown(std::string_view text, size_t limit = 80)
 bool all_digits(std::string_view text)
 {
     return !text.empty() && std::all_of(text.begin(), text.end(), [](char c) { return c >= '0' && c <= '9'; });
-}
-
-// What is wrong with `name` as a DNS host name (lower-case, without its trailing dot), or "".
-// The same rules as the egress policy's names (egress_policy.cpp), so that whatever passes
-// here is a name the policy can judge.
-std::string name_problem(std::string_view name)
-{
-    if (name.empty())
-        return "the host is empty";
-    if (name.size() > 253)
-        return "the host name is longer than 253 characters";
-    std::string_view last;
-    for (std::string_view rest = name;;) {
-        const size_t dot = rest.find('.');
-        const std::string_view label = rest.substr(0, dot);
-        if (label.empty())
-            return "the host name has an empty label";
-        if (label.size() > 63)
-            return "the host name has a label longer than 63 characters";
-        for (char c : label)
-            if (!((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-' || c == '_'))
-                return fmt::format("'{}' is not allowed in a host name", shown(std::string_view(&c, 1)));
-        if (label.front() == '-' || label.back() == '-')
-            return "a label of the host name begins or ends with '-'";
-        last = label;
-        if (dot == std::string_view::npos)
-            break;
-        rest.remove_prefix(dot + 1);
-    }
-    // 127.1, 2130706433 or 0x7f000001 would be an IPv4 address to getaddrinfo, never a name.
-    if (all_digits(last) || (last.size() > 2 && last[0] == '0' && last[1] == 'x'))
-        return "neither a dotted quad nor a DNS name (its last label is a number)";
-    return "";
 }
 
 struct Authority {
@@ -193,7 +162,7 @@ Authority parse_authority(std::string_view text, uint16_t default_port)
     std::string name = lower_case(host);
     if (name.ends_with('.'))
         name.pop_back();
-    if (const std::string problem = name_problem(name); !problem.empty()) {
+    if (const std::string problem = host_name_problem(name); !problem.empty()) {
         out.problem = fmt::format("host '{}': {}", shown(host), problem);
         return out;
     }

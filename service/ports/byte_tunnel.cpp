@@ -99,6 +99,10 @@ bool ByteTunnel::move(Direction& direction)
             }
             direction.pending.erase(0, static_cast<size_t>(sent));
             direction.moved += static_cast<uint64_t>(sent);
+            if (on_moved_ && !on_moved_(static_cast<uint64_t>(sent))) {
+                close();
+                return false;
+            }
         }
         if (direction.source_ended) {
             ::shutdown(direction.to, SHUT_WR);

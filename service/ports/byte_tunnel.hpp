@@ -36,6 +36,9 @@ public:
 
     // Closes both sockets now (serve is stopping, the sandbox ended).
     void close();
+    // Told of every send's bytes, either way; returning false closes the tunnel (a budget
+    // spent). Set right after join.
+    void watch_bytes(std::function<bool(uint64_t bytes)> on_moved) { on_moved_ = std::move(on_moved); }
     uint64_t bytes_to_guest() const { return to_guest_.moved; }
     uint64_t bytes_to_client() const { return to_client_.moved; }
 
@@ -59,6 +62,7 @@ private:
     BorrowedSocket client_;
     Fd guest_;
     std::function<void()> on_closed_;
+    std::function<bool(uint64_t)> on_moved_;
     Direction to_guest_;
     Direction to_client_;
     bool closed_ = false;

@@ -321,15 +321,15 @@ TEST_CASE("refused: userinfo, ports out of range, missing and bad hosts")
           "GET http://example.com:/: the port '' is not a number from 1 to 65535");
 
     CHECK(contains(refusal(get("http:///path")), "no host"));
-    CHECK(refusal("CONNECT :443 HTTP/1.1\r\n\r\n") == "CONNECT :443: host '': the host is empty");
+    CHECK(refusal("CONNECT :443 HTTP/1.1\r\n\r\n") == "CONNECT :443: host '': the name is empty");
     CHECK(refusal(get("http://-bad-.example/")) ==
-          "GET http://-bad-.example/: host '-bad-.example': a label of the host name begins or ends with '-'");
-    CHECK(refusal(get("http://a..b/")) == "GET http://a..b/: host 'a..b': the host name has an empty label");
+          "GET http://-bad-.example/: host '-bad-.example': label '-bad-' begins or ends with '-'");
+    CHECK(refusal(get("http://a..b/")) == "GET http://a..b/: host 'a..b': the name has an empty label (a leading dot or two dots in a row)");
     CHECK(refusal(get("http://127.1/")) ==
-          "GET http://127.1/: host '127.1': neither a dotted quad nor a DNS name (its last label is a number)");
+          "GET http://127.1/: host '127.1': neither an IP address (give a dotted quad) nor a DNS name (its last label is a number)");
     CHECK(refusal("CONNECT 0x7f000001:443 HTTP/1.1\r\n\r\n") ==
-          "CONNECT 0x7f000001:443: host '0x7f000001': neither a dotted quad nor a DNS name (its last label is a "
-          "number)");
+          "CONNECT 0x7f000001:443: host '0x7f000001': neither an IP address (give a dotted quad) nor a DNS "
+          "name (its last label is a number)");
     CHECK(refusal(get("http://[1.2.3.4]/")) == "GET http://[1.2.3.4]/: '[1.2.3.4]' is not an IPv6 address");
     CHECK(refusal(get("http://[fe80::1%25eth0]/")) ==
           "GET http://[fe80::1%25eth0]/: '[fe80::1%25eth0]' is not an IPv6 address");
@@ -338,9 +338,9 @@ TEST_CASE("refused: userinfo, ports out of range, missing and bad hosts")
           "CONNECT ::1:443: an IPv6 address takes brackets: [address]:port");
     CHECK(refusal("CONNECT [::1]x HTTP/1.1\r\n\r\n") == "CONNECT [::1]x: something other than :port follows the host");
     CHECK(refusal("CONNECT " + std::string(254, 'a') + ":443 HTTP/1.1\r\n\r\n").ends_with(
-        ": the host name is longer than 253 characters"));
+        ": the name is longer than 253 characters"));
     CHECK(refusal("CONNECT " + std::string(64, 'a') + ".example:443 HTTP/1.1\r\n\r\n").ends_with(
-        ": the host name has a label longer than 63 characters"));
+        "' is longer than 63 characters"));
 }
 
 TEST_CASE("refused: CONNECT without a port or with a URI, authority-form for another method")
