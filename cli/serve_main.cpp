@@ -14,6 +14,7 @@
 #include "episode/exit_codes.hpp"
 #include "cli/logging.hpp"
 #include "common/error.hpp"
+#include "service/egress/egress_policy.hpp"
 #include "service/serve.hpp"
 
 namespace {
@@ -130,6 +131,21 @@ int main(int argc, char** argv)
                    "(docs/api.md, \"Listing across a fleet\"); repeatable; the one named by --node-id is skipped, so every node may get the "
                    "same list");
     app.add_option("--peers-file", peers_file, "a file of --peer entries, one NODE=URL a line, # comments");
+    app.add_option("--egress-allow", config.sandboxes.egress_default.allow,
+                   "RULE: where sandboxes whose create names no egress may connect out, through the proxy on "
+                   "their 127.0.0.1:3128 (HOST[:PORTS]: a name, *.domain, an IP or CIDR range, or *; docs/api.md, "
+                   "\"Egress\"); repeatable (default: nowhere)");
+    app.add_option("--egress-deny", config.sandboxes.egress_default.deny,
+                   "RULE: where they may not, even when an allow rule matches; repeatable");
+    app.add_option("--egress-max-connections", config.sandboxes.egress_limits.max_connections,
+                   "connections out each sandbox may have open at once; past it the proxy answers 429")
+        ->capture_default_str()
+        ->check(CLI::Range(size_t{1}, size_t{65536}));
+    app.add_option("--egress-max-bytes", config.sandboxes.egress_limits.max_bytes,
+                   "bytes each sandbox may move through its egress proxy over its life, both ways; past it its "
+                   "connections are cut and new ones answered 429")
+        ->capture_default_str()
+        ->check(CLI::Range(uint64_t{1}, uint64_t{1} << 50));
     app.add_option("--log-level", log_level, "trace, debug, info, warn, error, critical or off")->capture_default_str();
     try {
         app.parse(argc, argv);
@@ -162,6 +178,11 @@ int main(int argc, char** argv)
             if (!config.agent_check->tcp)
                 throw Error(fmt::format("--agent-check {}: HAProxy's agent check speaks TCP: give tcp:HOST:PORT",
                                         agent_check));
+        }
+        try {
+            EgressPolicy::parse(config.sandboxes.egress_default.allow, config.sandboxes.egress_default.deny);
+        } catch (const Error& e) {
+            throw Error(fmt::format("--egress-allow/--egress-deny: {}", e.what()));
         }
         if (!token_file.empty())
             config.token = read_token(token_file);

@@ -61,6 +61,21 @@ void Sandbox::assign(Settings settings)
     assigned_wall_ = std::chrono::system_clock::now();
     deadline_ = assigned_at_ + settings_.timeout;
     last_activity_ = assigned_at_;
+    send_env();
+}
+
+void Sandbox::change_egress(std::optional<EgressRules> egress, const std::map<std::string, std::string>& env_added)
+{
+    settings_.egress = std::move(egress);
+    bool changed = false;
+    for (const auto& [name, value] : env_added)
+        changed |= settings_.env.try_emplace(name, value).second;
+    if (changed)
+        send_env();
+}
+
+void Sandbox::send_env()
+{
     if (settings_.env.empty())
         return;
     // The episode's relay merges the env into each exec and exports it in the shell

@@ -54,6 +54,9 @@ public:
     // Handing a ready VM to a user: its id, limits, env and metadata.
     using Settings = SandboxSettings;
     void assign(Settings settings);
+    // New egress rules for a running sandbox (E2B's updateNetwork), and the env entries they
+    // bring (the proxy's), sent to the episode as at assign.
+    void change_egress(std::optional<EgressRules> egress, const std::map<std::string, std::string>& env_added);
     bool assigned() const { return !settings_.id.empty(); }
     // The Unix socket of the VMM's end of vsock (`agentvm episode --vsock-uds`), through which
     // serve reaches the guest's ports (service/ports/); empty when the VM has none.
@@ -126,6 +129,8 @@ private:
     };
     // The call has its answer: recorded, counted, then handed to its handler.
     void answered(Call& call, Json& answer);
+    // The env op: settings_.env to the episode, for every exec and the shell.
+    void send_env();
     void on_line(std::string&& line);
     void on_exit(int wait_status);
     uint64_t send(Json request, Call call);

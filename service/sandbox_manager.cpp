@@ -212,6 +212,21 @@ void SandboxManager::open_egress(Sandbox& sandbox, Sandbox::Settings& settings)
         settings.env.try_emplace(name, value);  // the user's own setting wins
 }
 
+void SandboxManager::change_egress(Sandbox& sandbox, EgressRules rules)
+{
+    EgressPolicy policy = EgressPolicy::parse(rules.allow, rules.deny);  // checked when given
+    std::map<std::string, std::string> env;
+    if (!policy.allows_any() || sandbox.guest_socket().empty()) {
+        egress_.close(sandbox);
+    } else if (EgressProxy* proxy = egress_.find(sandbox)) {
+        proxy->set_policy(std::move(policy));
+    } else {
+        egress_.open(sandbox, std::move(policy));
+        env = egress_proxy_env();
+    }
+    sandbox.change_egress(std::move(rules), env);
+}
+
 void SandboxManager::on_ready(Sandbox& sandbox)
 {
     Vm& vm = vms_.at(&sandbox);

@@ -135,6 +135,10 @@ public:
     std::string metrics_text() const;
     // A sandbox's egress proxy, if its policy allows anything (a facade changes its policy).
     EgressProxy* egress_of(Sandbox& sandbox) { return egress_.find(sandbox); }
+    // New rules for a running sandbox: its proxy judges new connections by them (opened, with
+    // the proxy's env, if it had none; closed if they allow nothing). Throws Error when a
+    // proxy cannot be opened.
+    void change_egress(Sandbox& sandbox, EgressRules rules);
     // What the balancer is told (service/fleet/capacity_report.hpp): /healthz and --agent-check.
     CapacityInputs capacity_inputs() const;
 

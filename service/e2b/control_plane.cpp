@@ -4,9 +4,11 @@
 
 #include <fmt/format.h>
 
+#include "common/error.hpp"
 #include "protocol/json_depth.hpp"
 #include "service/create_once.hpp"
 #include "service/e2b/e2b_errors.hpp"
+#include "service/e2b/e2b_network.hpp"
 #include "service/e2b/e2b_fleet_list.hpp"
 #include "service/e2b/e2b_request.hpp"
 #include "service/native/native_wire.hpp"
@@ -163,6 +165,7 @@ void E2bControlPlane::create(const Exchange& exchange, const Json& body)
     settings.env = std::move(request.env);
     settings.metadata = std::move(request.metadata);
     settings.pause_on_timeout = request.auto_pause;
+    settings.egress = std::move(request.egress);
     Json state{{"templateID", request.template_id}};
     std::optional<CreateOnce> once = CreateOnce::begin(
         creates_, exchange,
@@ -387,7 +390,24 @@ void E2bControlPlane::running_request(const Exchange& exchange, const std::share
     }
     if (action == "network") {
         require_method(*exchange, "PUT");
-        throw_bad_field("\"network\": agentvm does not do egress rules or proxies (its VMs have no network)");
+        const Json body = json_body(*exchange);
+        E2bNetworkFields fields;
+        if (body.contains("allow_internet_access")) {
+            if (!body["allow_internet_access"].is_boolean())
+                throw_bad_field("\"allow_internet_access\" must be true or false");
+            fields.allow_internet_access = body["allow_internet_access"].get<bool>();
+        }
+        // updateNetwork sends the network object's fields at the top, beside allow_internet_access.
+        Json network = body;
+        network.erase("allow_internet_access");
+        fields.network = &network;
+        std::optional<EgressRules> rules = e2b_egress_rules(fields);
+        try {
+            manager_.change_egress(*sandbox, rules ? std::move(*rules) : EgressRules{});
+        } catch (const Error& e) {
+            throw RefusedRequest(ServiceError::internal, fmt::format("updating the sandbox's network: {}", e.what()));
+        }
+        return respond_empty(*exchange);
     }
     throw RefusedRequest(ServiceError::not_found, fmt::format("no such endpoint: {} {}", method, exchange->path()));
 }
@@ -502,11 +522,18 @@ E2bSandboxView E2bControlPlane::view_of(const Sandbox& sandbox)
     view.end_at = status.expires_at;
     view.metadata = settings.metadata;
     view.pause_on_timeout = settings.pause_on_timeout;
+    view.egress = settings.egress ? settings.egress : default_egress();
     const VmShape& shape = shape_of(sandbox.pool());
     view.cpu_count = shape.vcpus;
     view.memory_mb = shape.mem_mib;
     view.disk_mb = shape.disk_bytes >> 20;
     return view;
+}
+
+std::optional<EgressRules> E2bControlPlane::default_egress() const
+{
+    const EgressRules& rules = manager_.config().egress_default;
+    return rules.allow.empty() ? std::nullopt : std::optional<EgressRules>(rules);
 }
 
 E2bSandboxView E2bControlPlane::view_of(const PausedSandbox& paused)
@@ -526,6 +553,7 @@ E2bSandboxView E2bControlPlane::view_of(const PausedSandbox& paused)
     view.end_at = WallTime(std::chrono::seconds(paused.retain_until));
     view.metadata = paused.settings.metadata;
     view.pause_on_timeout = paused.settings.pause_on_timeout;
+    view.egress = paused.settings.egress ? paused.settings.egress : default_egress();
     const VmShape& shape = shape_of(paused.pool);
     view.cpu_count = shape.vcpus;
     view.memory_mb = shape.mem_mib;

@@ -11,6 +11,7 @@
 #include "common/base64.hpp"
 #include "protocol/env_limits.hpp"
 #include "service/create_request.hpp"
+#include "service/e2b/e2b_network.hpp"
 #include "service/problem.hpp"
 
 namespace agentvm {
@@ -112,6 +113,7 @@ E2bCreate parse_e2b_create(const Json& body)
 {
     object_body(body, "create");
     E2bCreate create;
+    E2bNetworkFields network;
     bool pause_memory = true;
     for (const auto& [key, value] : body.items()) {
         if (key == "templateID") {
@@ -150,10 +152,9 @@ E2bCreate parse_e2b_create(const Json& body)
             if (bool_field(value["enabled"], "autoResume.enabled"))
                 not_done("autoResume", "resume a paused sandbox on its traffic (resume it with Sandbox.connect)");
         } else if (key == "allow_internet_access") {
-            if (bool_field(value, "allow_internet_access"))
-                not_done("allow_internet_access", "internet access from a sandbox (its VMs have no network)");
+            network.allow_internet_access = bool_field(value, "allow_internet_access");
         } else if (key == "network") {
-            not_done("network", "egress rules or proxies (its VMs have no network)");
+            network.network = &value;
         } else if (key == "iam") {
             not_done("iam", "workload identity tokens");
         } else if (key == "mcp") {
@@ -162,7 +163,7 @@ E2bCreate parse_e2b_create(const Json& body)
             not_done("volumeMounts", "volumes");
         } else {
             throw_bad_field(fmt::format("create: unknown field \"{:.64}\" (it takes templateID, timeout, metadata, "
-                                        "envVars, autoPause, autoPauseMemory, autoResume, allow_internet_access)",
+                                        "envVars, autoPause, autoPauseMemory, autoResume, allow_internet_access, network)",
                                         key));
         }
     }
@@ -170,6 +171,7 @@ E2bCreate parse_e2b_create(const Json& body)
         throw RefusedRequest(ServiceError::missing_field, "\"templateID\" is required");
     if (!pause_memory)
         not_done("autoPauseMemory", "a pause without memory: its pauses keep the whole VM (leave it out, or true)");
+    create.egress = e2b_egress_rules(network);
     return create;
 }
 
@@ -249,8 +251,9 @@ Json e2b_detail_json(const E2bSandboxView& view)
     add_state(out, view);
     out["envdAccessToken"] = view.envd_token;
     out["domain"] = view.domain.empty() ? Json(nullptr) : Json(view.domain);
-    // agentvm's VMs have no network: internet access is off, whatever the create said.
-    out["allowInternetAccess"] = false;
+    out["allowInternetAccess"] = e2b_internet_allowed(view.egress);
+    if (view.egress)
+        out["network"] = e2b_network_json(*view.egress);
     out["lifecycle"] = Json{{"onTimeout", view.pause_on_timeout ? "pause" : "kill"}, {"autoResume", false}};
     return out;
 }

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "protocol/agent_protocol.hpp"
+#include "service/sandbox_settings.hpp"
 
 namespace agentvm {
 
@@ -42,6 +43,8 @@ struct E2bCreate {
     std::map<std::string, std::string> env;
     Json metadata = Json::object();
     bool auto_pause = false;  // lifecycle.onTimeout "pause"
+    // allow_internet_access and network (e2b_network.hpp); none: serve's default.
+    std::optional<EgressRules> egress;
 };
 E2bCreate parse_e2b_create(const Json& body);
 
@@ -87,6 +90,7 @@ struct E2bSandboxView {
     uint64_t disk_mb = 0;
     bool pause_on_timeout = false;
     std::string domain;  // serve's --e2b-domain: getHost(port) is "<port>-<id>.<domain>"; none when empty
+    std::optional<EgressRules> egress;  // the rules it was given; none: serve's default
 };
 // Sandbox: the answer of create, connect and each fork.
 Json e2b_sandbox_json(const E2bSandboxView& view);

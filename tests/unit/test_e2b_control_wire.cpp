@@ -86,8 +86,9 @@ TEST_CASE("create: each field type-checked, the message naming it")
 
 TEST_CASE("create: what agentvm does not do is refused, naming the field and saying so")
 {
-    for (const char* body : {R"({"templateID":"base","allow_internet_access":true})",
-                             R"({"templateID":"base","network":{"allowOut":["1.1.1.1"]}})",
+    for (const char* body : {R"({"templateID":"base","network":{"egressProxy":{"address":"p:1"}}})",
+                             R"({"templateID":"base","network":{"rules":{"a.com":[]}}})",
+                             R"({"templateID":"base","network":{"allowPublicTraffic":false}})",
                              R"({"templateID":"base","iam":{"tokens":{}}})",
                              R"({"templateID":"mcp-gateway","mcp":{}})",
                              R"({"templateID":"base","volumeMounts":[{"name":"v","path":"/v"}]})",
@@ -98,8 +99,25 @@ TEST_CASE("create: what agentvm does not do is refused, naming the field and say
         CHECK(why.starts_with("bad_field: \""));
         CHECK(why.find("agentvm does not do") != std::string::npos);
     }
-    CHECK(create_refusal(R"({"templateID":"base","network":{}})").starts_with("bad_field: \"network\""));
+    CHECK(create_refusal(R"({"templateID":"base","network":[]})").starts_with("bad_field: \"network\""));
+    CHECK(create_refusal(R"({"templateID":"base","network":{"allowOut":"x"}})").starts_with("bad_field: \"network.allowOut\""));
+    CHECK(create_refusal(R"({"templateID":"base","network":{"denyOut":["a..b"]}})").starts_with("bad_field: \"network\""));
     CHECK(create_refusal(R"({"templateID":"base","autoPauseMemory":false})").starts_with("bad_field: \"autoPauseMemory\""));
+}
+
+TEST_CASE("create: E2B's network options as egress rules")
+{
+    const auto rules = [](const char* body) { return parse_e2b_create(Json::parse(body)).egress; };
+    CHECK_FALSE(rules(R"({"templateID":"base"})"));  // serve's default
+    CHECK(rules(R"({"templateID":"base","allow_internet_access":true})") == EgressRules{{"*"}, {}});
+    CHECK(rules(R"({"templateID":"base","allow_internet_access":false})") == EgressRules{});
+    // The SDK's "only these": denyOut ALL_TRAFFIC with allowOut.
+    CHECK(rules(R"({"templateID":"base","network":{"allowOut":["pypi.org","10.0.0.0/8"],"denyOut":["0.0.0.0/0"]}})") ==
+          EgressRules{{"pypi.org", "10.0.0.0/8"}, {}});
+    // Internet on (E2B's default once network is given) minus a range.
+    CHECK(rules(R"({"templateID":"base","network":{"denyOut":["1.1.1.0/24"]}})") == EgressRules{{"*"}, {"1.1.1.0/24"}});
+    CHECK(rules(R"({"templateID":"base","allow_internet_access":false,"network":{"allowOut":["a.org"]}})") ==
+          EgressRules{{"a.org"}, {}});
 }
 
 TEST_CASE("connect, timeout, fork, pause and snapshot bodies")
