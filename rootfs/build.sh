@@ -13,7 +13,9 @@ set -euo pipefail
 # the guest tools are built for it. Only the mirror comes from the host (see find_mirror).
 readonly SUITE=bookworm
 # minbase already brings bash, coreutils, util-linux, findutils, grep, sed, tar, gzip, dpkg, apt.
-readonly PACKAGES=(python3 procps)
+# curl, pip (python3-pip) and ca-certificates: what an agent's tool calls reach for first, and
+# what reaches the outside through a sandbox's egress proxy (HTTP_PROXY) when its policy allows.
+readonly PACKAGES=(python3 procps curl python3-pip ca-certificates)
 # Where find_mirror reads the host's apt sources when AGENTVM_DEBIAN_MIRROR is not set.
 readonly APT_ETC=${AGENTVM_APT_ETC:-/etc/apt}
 # Guest writes land in the VMM's copy-on-write overlay, but ext4 still has to find free blocks.

@@ -25,6 +25,7 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "vm"))
 from checks import expect, rises, run_case  # noqa: E402
 from serve_client import Serve, UnixConnection, call, json_error  # noqa: E402
+import guest_egress_case  # noqa: E402
 import guest_ports_case  # noqa: E402
 
 SERVE = sys.argv[1]
@@ -1091,8 +1092,14 @@ def guest_ports():
                                 delete, exec_)
 
 
+def guest_egress():
+    # After metrics_match, as guest_ports.
+    return guest_egress_case.run(create, delete, exec_, metrics)
+
+
 SHARED = [pool_warm_and_cold, state_within_not_across, big_file_both_ways, streaming, timeouts, vm_killed,
-          errors, run_code, code_cancel_file_info, run_jupyter, fusion_limits, metrics_match, guest_ports]
+          errors, run_code, code_cancel_file_info, run_jupyter, fusion_limits, metrics_match, guest_ports,
+          guest_egress]
 # After the shared serve has stopped: these count every agentvm process of the machine.
 ALONE = [drain_with_call_in_flight, soak_no_leaks, kill9_leaves_nothing, memory_reserve_refuses, pool_warmup,
          plan_calibrates, fork_pause_resume, hostile_guest]
