@@ -4,6 +4,7 @@
 
 #include <memory>
 
+#include "cli/egress_host.hpp"
 #include "cli/seconds_option.hpp"
 #include "cli/vm_flags.hpp"
 #include "episode/episode_session.hpp"
@@ -18,6 +19,8 @@ Subcommand add_episode_command(CLI::App& app)
         "episode", "Boot a VM and serve tool calls as JSON lines on stdin/stdout until stdin ends");
     auto options = std::make_shared<EpisodeSettings>();
     add_vm_flags(*episode, options->vm);
+    auto egress = std::make_shared<EgressFlags>();
+    add_egress_flags(*episode, *egress);
     episode->add_option("--boot-timeout", options->boot_timeout_s,
                         "seconds the guest agent gets to answer after the VM starts")
         ->capture_default_str()
@@ -34,7 +37,13 @@ Subcommand add_episode_command(CLI::App& app)
     episode->add_flag("--announce-ready", options->announce_ready,
                       "once the guest agent answers, write {\"event\":\"ready\",\"restored\":BOOL} as the "
                       "first line on stdout (for a pool that keeps episodes ready)");
-    return {episode, [options] { return run_supervised(options->vm, 0, [&] { return run_episode(*options); }); }};
+    return {episode, [options, egress] {
+                const std::unique_ptr<EgressHost> proxy = EgressHost::start(*egress, options->vm.request().vsock_uds);
+                if (proxy)
+                    for (const std::string& entry : EgressHost::env_entries())
+                        options->env.emplace(entry.substr(0, entry.find('=')), entry.substr(entry.find('=') + 1));
+                return run_supervised(options->vm, 0, [&] { return run_episode(*options); });
+            }};
 }
 
 } // namespace agentvm

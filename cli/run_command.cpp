@@ -4,6 +4,7 @@
 
 #include <memory>
 
+#include "cli/egress_host.hpp"
 #include "cli/seconds_option.hpp"
 #include "cli/vm_flags.hpp"
 #include "episode/exit_codes.hpp"
@@ -18,6 +19,8 @@ Subcommand add_run_command(CLI::App& app)
     auto* run = app.add_subcommand("run", "Boot a fresh VM, run one command in it, and exit with its status");
     auto options = std::make_shared<RunSettings>();
     add_vm_flags(*run, options->vm);
+    auto egress = std::make_shared<EgressFlags>();
+    add_egress_flags(*run, *egress);
     run->add_option("--boot-timeout", options->boot_timeout_s,
                     "seconds the guest agent gets to answer after the VM starts")
         ->capture_default_str()
@@ -26,7 +29,9 @@ Subcommand add_run_command(CLI::App& app)
                     "seconds the command may run; then its whole process group is killed (exit 124)")
         ->capture_default_str()
         ->check(seconds_option(false, max_call_timeout_s));
-    run->add_option("--env", options->env, "NAME=VALUE added to the command's environment (repeatable)");
+    // One value per --env: a vector option otherwise takes the command's own words after `--`.
+    run->add_option("--env", options->env, "NAME=VALUE added to the command's environment (repeatable)")
+        ->allow_extra_args(false);
     run->add_option("--workdir", options->workdir, "directory in the guest to run the command in");
     run->add_option("--max-output", options->max_output,
                     "bytes of stdout and of stderr passed on; the rest is dropped, with a warning")
@@ -35,7 +40,13 @@ Subcommand add_run_command(CLI::App& app)
     run->add_option("--shell", options->shell, "run STRING with bash -c instead of a command after --");
     run->add_option("command", options->argv, "the command and its arguments, after --");
     return {run,
-            [options] {
+            [options, egress] {
+                const std::unique_ptr<EgressHost> proxy = EgressHost::start(*egress, options->vm.request().vsock_uds);
+                if (proxy) {
+                    std::vector<std::string> env = EgressHost::env_entries();
+                    env.insert(env.end(), options->env.begin(), options->env.end());  // the user's win
+                    options->env = std::move(env);
+                }
                 return run_supervised(options->vm, exit_code::run_failure, [&] { return run_one_command(*options); });
             },
             exit_code::run_failure};

@@ -299,10 +299,19 @@ bool EpisodeRelay::id_free(const std::string& id)
     return true;
 }
 
+void EpisodeRelay::preset_env(std::map<std::string, std::string> env)
+{
+    base_env_ = std::move(env);
+    env_ = base_env_;
+    env_due_ = !env_.empty();
+}
+
 void EpisodeRelay::set_env(const std::string& id, const Json& request)
 {
     try {
         env_ = parse_env(request);
+        for (const auto& [name, value] : base_env_)
+            env_.try_emplace(name, value);
     } catch (const CallError& e) {
         reply_error(id, e.code(), e.what());
         return;

@@ -86,6 +86,9 @@ public:
     // The agent is reachable: start reading requests. A non-empty `announcement` (a whole
     // line) goes to the output first.
     void start(Fd agent, std::string announcement = {});
+    // Entries every exec gets and the shell exports from the start (the egress proxy's, for
+    // `agentvm episode --egress-allow`); an env op's own entries win over them. Before start().
+    void preset_env(std::map<std::string, std::string> env);
     // The episode takes live snapshots; without a handler the op is refused.
     void on_snapshot(SnapshotHandler handler) { snapshot_handler_ = std::move(handler); }
     // After stop_output(): an error response for every call still waiting, queued for
@@ -148,7 +151,8 @@ private:
     size_t max_request_bytes_;
     std::map<std::string, Pending> pending_;  // by id as compact JSON
     std::map<std::string, Pending> host_pending_;  // the host's own calls (snapshot), as pending_
-    std::map<std::string, std::string> env_;  // set by the env op
+    std::map<std::string, std::string> env_;  // set by the env op, on top of base_env_
+    std::map<std::string, std::string> base_env_;
     bool env_due_ = false;  // the shell lacks env_: export it before the next shell call
     std::set<std::string> exports_;  // ids of the relay's export calls the agent has not answered
     uint64_t exports_made_ = 0;

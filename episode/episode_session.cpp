@@ -98,6 +98,8 @@ int run_episode(EpisodeSettings& settings)
                                agent_vm.fail(why);
                        },
                        EpisodeRelay::watchdog_grace, settings.call_timeout_s);
+    if (!settings.env.empty())
+        relay.preset_env(settings.env);
     if (snapshots)
         relay.on_snapshot([&](const std::string& name, std::function<void(Json)> answer) {
             take_live_snapshot(agent_vm.vm(), *snapshots, settings.snapshot_dir + "/" + name,

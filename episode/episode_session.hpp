@@ -3,6 +3,7 @@
 // every unanswered call gets, and the exit status.
 #pragma once
 
+#include <map>
 #include <string>
 
 #include "episode/episode_relay.hpp"
@@ -16,6 +17,7 @@ struct EpisodeSettings {
     double call_timeout_s = EpisodeRelay::default_call_timeout_s;
     bool announce_ready = false;
     std::string snapshot_dir;  // where "snapshot" calls write (--snapshot-dir); empty: refused
+    std::map<std::string, std::string> env;  // every call's, under what env ops set (EpisodeRelay::preset_env)
 };
 
 // The VMM's work: in the jailed child, or in this process with --no-jail (run_supervised).

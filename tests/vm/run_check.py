@@ -5,10 +5,13 @@ usage: run_check.py AGENTVM_BINARY
 Prints "ok <case>: <what was seen>" or "FAIL <case>: <why>" per case; exits non-zero if any
 failed.
 """
+import http.server
+import json
 import os
 import subprocess
 import sys
 import tempfile
+import threading
 
 from checks import expect, run_case
 
@@ -151,8 +154,50 @@ def nothing_left_behind():
     return "3 runs: TMPDIR empty, no agentvm process left"
 
 
+def egress():
+    # A web server of the test's on 127.0.0.2, the outside the guest reaches only by policy.
+    class Hello(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def do_GET(self):
+            self.send_response(200)
+            self.send_header("Content-Length", "18")
+            self.end_headers()
+            self.wfile.write(b"hello from outside")
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.2", 0), Hello)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.2:{server.server_address[1]}/hello"
+    tmp = tempfile.mkdtemp(prefix="agentvm-egress-")
+    env = dict(os.environ, TMPDIR=tmp)
+    try:
+        r = subprocess.run([AGENTVM, "--log-level", "debug", "run", "--egress-allow", "127.0.0.2", "--", "curl", "-sS",
+                            url], stdin=subprocess.DEVNULL, capture_output=True, timeout=600, env=env)
+        expect(r.returncode == 0 and r.stdout == b"hello from outside", f"allowed: {r.returncode} {r.stdout!r} {r.stderr!r}")
+        expect(b"egress: GET 127.0.0.2:" in r.stderr, f"the connection is not logged: {r.stderr!r}")
+        r = run("--egress-allow", "*", "--", "curl", "-sS", url, env=env)
+        expect(b"agentvm egress: " in r.stdout and b"loopback" in r.stdout, f"'*' for loopback: {r.stdout!r}")
+        r = run("--", "sh", "-c", "printenv HTTP_PROXY || echo unset", env=env)
+        expect(r.stdout == b"unset\n", f"proxy env without a policy: {r.stdout!r}")
+        r = run("--egress-allow", "a..b", "--", "true", env=env)
+        expect(r.returncode != 0 and b"a..b" in r.stderr, f"a bad rule: {r.returncode} {r.stderr!r}")
+        lines = b'{"id":1,"op":"exec","argv":["curl","-sS","' + url.encode() + b'"]}\n'
+        e = subprocess.run([AGENTVM, "episode", "--egress-allow", "127.0.0.2"], input=lines, capture_output=True,
+                           timeout=600, env=env)
+        answer = json.loads(e.stdout.splitlines()[-1])
+        expect(answer.get("stdout") == "hello from outside", f"episode: {e.stdout!r} {e.stderr[-1000:]!r}")
+        expect(os.listdir(tmp) == [], f"left in TMPDIR: {os.listdir(tmp)}")
+    finally:
+        server.shutdown()
+        server.server_close()
+    os.rmdir(tmp)
+    return "run and episode reached 127.0.0.2 through --egress-allow (logged); '*' refused loopback; no proxy env " \
+           "without a policy; a bad rule named; TMPDIR empty after"
+
+
 CASES = [streams_and_status, order_and_binary, shell_env_workdir_stdin, own_statuses, disk_size, guest_pids,
-         big_output, closed_stdout, nothing_left_behind]
+         big_output, closed_stdout, nothing_left_behind, egress]
 
 
 def main():

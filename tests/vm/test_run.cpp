@@ -13,7 +13,7 @@ TEST_CASE("agentvm run passes on a command's output and status, and its own fail
     INFO("stdout: " << r.out << "\nstderr: " << r.err);
     for (const char* name : {"streams_and_status", "order_and_binary", "shell_env_workdir_stdin",
                              "own_statuses", "disk_size", "guest_pids", "big_output", "closed_stdout",
-                             "nothing_left_behind"})
+                             "nothing_left_behind", "egress"})
         CHECK_MESSAGE(r.out.find(std::string("ok ") + name + ":") != std::string::npos, name);
     CHECK(r.exit_code == 0);
 }
