@@ -47,7 +47,8 @@ class AsyncSandbox:
                      url: Optional[str] = None, token: Optional[str] = None, pool: Optional[str] = None, *,
                      binary: Optional[str] = None, start_timeout: float = DEFAULT_START_TIMEOUT,
                      grace: float = DEFAULT_GRACE, agentvm_args: Sequence[str] = (),
-                     template: Optional[str] = None, snapshot_dir: Optional[str] = None) -> AsyncSandbox:
+                     template: Optional[str] = None, snapshot_dir: Optional[str] = None,
+                     egress: Optional[Mapping[str, Sequence[str]]] = None) -> AsyncSandbox:
         """A new sandbox. Service mode when ``url`` (or ``$AGENTVM_URL``) names a server
         (``unix:/path`` or ``http://host:port``), else embedded (an ``agentvm episode``
         subprocess restored from the default snapshot, or ``snapshot``). ``template`` names an
@@ -56,8 +57,12 @@ class AsyncSandbox:
         an existing directory where :meth:`fork` and :meth:`pause` write live snapshots, which
         the caller removes when done with them; without it they go to a directory the client
         keeps and removes once no sandbox of this one's lineage runs and none of its paused
-        snapshots waits to be resumed (python/README.md, "Fork, pause and resume")."""
+        snapshots waits to be resumed (python/README.md, "Fork, pause and resume"). ``egress``:
+        ``{"allow": [rules], "deny": [rules]}``, where the sandbox may connect out through the
+        proxy its commands find in ``HTTP_PROXY`` (docs/api.md, "Egress"); by default nowhere
+        (a service's own default, embedded)."""
         t = valid.number("timeout", timeout, low=1, high=MAX_SANDBOX_TIMEOUT, low_inclusive=True)
+        rules = valid.egress(egress)
         env = valid.envs("envs", envs)
         meta = valid.metadata(metadata)
         st = valid.number("start_timeout", start_timeout, low=0, high=MAX_CALL_TIMEOUT)
@@ -92,6 +97,8 @@ class AsyncSandbox:
                 body["metadata"] = meta
             if pool is not None:
                 body["pool"] = pool
+            if rules is not None:
+                body["egress"] = rules
             transport = await ServiceTransport.create(HttpClient.get(url, token), body, grace=g, start_timeout=st)
         else:
             if pool is not None:
@@ -101,6 +108,9 @@ class AsyncSandbox:
             if snapshot is not None:
                 snapshot = valid.text("snapshot", os.fspath(snapshot))
             user_args = [valid.text("agentvm_args item", a) for a in agentvm_args]
+            for key in ("allow", "deny"):
+                for rule in (rules or {}).get(key, []):
+                    user_args += [f"--egress-{key}", rule]
             args = (["--template", template] if template is not None else []) + user_args
             sdir = None if snapshot_dir is None else valid.snapshot_dir(snapshot_dir)
             transport = await EpisodeTransport.open(find_agentvm(binary), snapshot=snapshot, snapshot_dir=sdir,

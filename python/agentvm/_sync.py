@@ -369,10 +369,11 @@ class Sandbox:
                  url: Optional[str] = None, token: Optional[str] = None, pool: Optional[str] = None, *,
                  binary: Optional[str] = None, start_timeout: float = DEFAULT_START_TIMEOUT,
                  grace: float = DEFAULT_GRACE, agentvm_args: Sequence[str] = (),
-                 template: Optional[str] = None, snapshot_dir: Optional[str] = None) -> None:
+                 template: Optional[str] = None, snapshot_dir: Optional[str] = None,
+                 egress: Optional[Mapping[str, Sequence[str]]] = None) -> None:
         self._sb: AsyncSandbox = _loop.run(AsyncSandbox.create(
             snapshot, timeout, envs, metadata, url, token, pool, binary=binary, start_timeout=start_timeout,
-            grace=grace, agentvm_args=agentvm_args, template=template, snapshot_dir=snapshot_dir))
+            grace=grace, agentvm_args=agentvm_args, template=template, snapshot_dir=snapshot_dir, egress=egress))
         self.commands = Commands(self._sb.commands)
         self.files = Files(self._sb.files)
         self.pty = Pty(self._sb.pty)
@@ -384,9 +385,11 @@ class Sandbox:
                url: Optional[str] = None, token: Optional[str] = None, pool: Optional[str] = None, *,
                binary: Optional[str] = None, start_timeout: float = DEFAULT_START_TIMEOUT,
                grace: float = DEFAULT_GRACE, agentvm_args: Sequence[str] = (),
-               template: Optional[str] = None, snapshot_dir: Optional[str] = None) -> Sandbox:
+               template: Optional[str] = None, snapshot_dir: Optional[str] = None,
+               egress: Optional[Mapping[str, Sequence[str]]] = None) -> Sandbox:
         return cls(snapshot, timeout, envs, metadata, url, token, pool, binary=binary, start_timeout=start_timeout,
-                   grace=grace, agentvm_args=agentvm_args, template=template, snapshot_dir=snapshot_dir)
+                   grace=grace, agentvm_args=agentvm_args, template=template, snapshot_dir=snapshot_dir,
+                   egress=egress)
 
     @classmethod
     def _wrap(cls, sandbox: AsyncSandbox) -> Sandbox:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import os
 import re
-from typing import Any, Dict, Mapping, Optional
+from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from ._common import MAX_OUTPUT_LIMIT
 
@@ -51,6 +51,23 @@ def envs(name: str, value: Any) -> Dict[str, str]:
         if not isinstance(k, str) or not _ENV_NAME.match(k):
             raise ValueError(f"{name}: {k!r} is not a variable name (letters, digits and _, not starting with a digit)")
         out[k] = text(f"{name}[{k!r}]", v, empty_ok=True)
+    return out
+
+
+def egress(value: Any) -> Optional[Dict[str, List[str]]]:
+    """{"allow": [...], "deny": [...]} of rule strings; the rules themselves are checked by
+    agentvm, whose error names the bad one."""
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise TypeError(f"egress must be a mapping with 'allow' and 'deny', not {type(value).__name__}")
+    out: Dict[str, List[str]] = {}
+    for key, rules in value.items():
+        if key not in ("allow", "deny"):
+            raise ValueError(f"egress: unknown key {key!r} (allow, deny)")
+        if isinstance(rules, (str, bytes)) or not isinstance(rules, Sequence):
+            raise TypeError(f"egress[{key!r}] must be a list of rule strings")
+        out[key] = [text(f"egress[{key!r}] item", r) for r in rules]
     return out
 
 
