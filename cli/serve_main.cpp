@@ -6,6 +6,7 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <csignal>
 #include <filesystem>
 #include <fstream>
@@ -39,6 +40,34 @@ std::string read_token(const std::string& path)
     if (::stat(path.c_str(), &st) == 0 && (st.st_mode & 077) != 0)
         spdlog::warn("--token-file {} can be read by other users (mode {:o}); chmod 600 it", path, st.st_mode & 0777);
     return token;
+}
+
+// --pool-egress-allow/--pool-egress-deny POOL=RULE into that pool's own rules, checked.
+void add_pool_egress(std::vector<PoolConfig>& pools, const std::vector<std::string>& allow,
+                     const std::vector<std::string>& deny)
+{
+    for (const auto* list : {&allow, &deny}) {
+        const char* flag = list == &allow ? "--pool-egress-allow" : "--pool-egress-deny";
+        for (const std::string& text : *list) {
+            const size_t equals = text.find('=');
+            const std::string name = text.substr(0, equals);
+            auto pool = std::find_if(pools.begin(), pools.end(), [&](const PoolConfig& p) { return p.name == name; });
+            if (equals == std::string::npos || pool == pools.end())
+                throw Error(fmt::format("{} {}: expected POOL=RULE, POOL one of the --pool names", flag, text));
+            if (!pool->egress)
+                pool->egress.emplace();
+            (list == &allow ? pool->egress->allow : pool->egress->deny).push_back(text.substr(equals + 1));
+        }
+    }
+    for (const PoolConfig& pool : pools) {
+        if (!pool.egress)
+            continue;
+        try {
+            EgressPolicy::parse(pool.egress->allow, pool.egress->deny);
+        } catch (const Error& e) {
+            throw Error(fmt::format("--pool-egress-allow/--pool-egress-deny {}: {}", pool.name, e.what()));
+        }
+    }
 }
 
 std::string default_socket()
@@ -137,6 +166,14 @@ int main(int argc, char** argv)
                    "\"Egress\"); repeatable (default: nowhere)");
     app.add_option("--egress-deny", config.sandboxes.egress_default.deny,
                    "RULE: where they may not, even when an allow rule matches; repeatable");
+    std::vector<std::string> pool_egress_allow;
+    std::vector<std::string> pool_egress_deny;
+    app.add_option("--pool-egress-allow", pool_egress_allow,
+                   "POOL=RULE: an allow rule of that --pool's own default, which its sandboxes get instead of "
+                   "--egress-allow/--egress-deny when their create names no egress; repeatable")
+        ->allow_extra_args(false);
+    app.add_option("--pool-egress-deny", pool_egress_deny, "POOL=RULE: a deny rule of that pool's own default")
+        ->allow_extra_args(false);
     app.add_option("--egress-max-connections", config.sandboxes.egress_limits.max_connections,
                    "connections out each sandbox may have open at once; past it the proxy answers 429")
         ->capture_default_str()
@@ -184,6 +221,7 @@ int main(int argc, char** argv)
         } catch (const Error& e) {
             throw Error(fmt::format("--egress-allow/--egress-deny: {}", e.what()));
         }
+        add_pool_egress(config.sandboxes.pools, pool_egress_allow, pool_egress_deny);
         if (!token_file.empty())
             config.token = read_token(token_file);
         for (const std::string& text : peer_specs) {

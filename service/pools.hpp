@@ -13,6 +13,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -25,6 +26,9 @@ struct PoolConfig {
     std::string name;                        // what a create names ("default", or a snapshot path)
     std::vector<std::string> episode_args;  // after `agentvm episode --announce-ready`
     unsigned target = 0;                    // warm VMs to keep
+    // Where its sandboxes may connect out when their create names nothing (--pool-egress-allow,
+    // --pool-egress-deny); none: serve's --egress-allow/--egress-deny.
+    std::optional<EgressRules> egress;
 };
 
 struct Pool {

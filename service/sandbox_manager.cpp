@@ -188,14 +188,23 @@ void SandboxManager::hand_out(Vm& vm, Sandbox::Settings settings, Sandbox::Clock
         vm.low_weight = false;
     }
     by_id_[settings.id] = vm.sandbox.get();
-    open_egress(*vm.sandbox, settings);
+    open_egress(vm, settings);
     vm.sandbox->assign(std::move(settings));
     spdlog::info("sandbox {} created ({}, pool {})", vm.sandbox->id(), warm ? "warm" : "cold", vm.pool->config.name);
 }
 
-void SandboxManager::open_egress(Sandbox& sandbox, Sandbox::Settings& settings)
+const EgressRules& SandboxManager::default_egress(const std::string& pool) const
 {
-    const EgressRules& rules = settings.egress ? *settings.egress : config_.egress_default;
+    for (const PoolConfig& config : config_.pools)
+        if (config.name == pool && config.egress)
+            return *config.egress;
+    return config_.egress_default;
+}
+
+void SandboxManager::open_egress(Vm& vm, Sandbox::Settings& settings)
+{
+    Sandbox& sandbox = *vm.sandbox;
+    const EgressRules& rules = settings.egress ? *settings.egress : default_egress(vm.pool->config.name);
     if (rules.allow.empty() || sandbox.guest_socket().empty())
         return;
     EgressPolicy policy = EgressPolicy::parse(rules.allow, rules.deny);  // checked when given
@@ -358,6 +367,7 @@ void SandboxManager::remove(Sandbox& sandbox, const std::string& reason)
 {
     by_id_.erase(sandbox.id());
     remember_end(sandbox.id(), reason);
+    egress_.close(sandbox);  // its connections out end with it, not with its VM's last breath
     sandbox.stop(reason);
 }
 

@@ -135,6 +135,8 @@ public:
     std::string metrics_text() const;
     // A sandbox's egress proxy, if its policy allows anything (a facade changes its policy).
     EgressProxy* egress_of(Sandbox& sandbox) { return egress_.find(sandbox); }
+    // The rules a create into `pool` that names none gets: the pool's, else serve's.
+    const EgressRules& default_egress(const std::string& pool) const;
     // New rules for a running sandbox: its proxy judges new connections by them (opened, with
     // the proxy's env, if it had none; closed if they allow nothing). Throws Error when a
     // proxy cannot be opened.
@@ -176,7 +178,7 @@ private:
     void hand_out(Vm& vm, Sandbox::Settings settings, Sandbox::Clock::time_point requested, bool warm);
     // The sandbox's egress proxy, and its proxy settings in `settings.env`, if its policy
     // allows anything.
-    void open_egress(Sandbox& sandbox, Sandbox::Settings& settings);
+    void open_egress(Vm& vm, Sandbox::Settings& settings);
     void sweep();
     // A sandbox past its lifetime or idle time: ended, or paused when its settings say so.
     void expire(Sandbox& sandbox, const std::string& why);

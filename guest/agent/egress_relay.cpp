@@ -78,6 +78,10 @@ void relay_egress(int raw_socket, const ListenAddress& host)
     const EgressSlot slot;
     try {
         const Fd tool(raw_socket);
+        // The relay passes on whatever it reads at once; Nagle's wait for the tool's ACK on
+        // top would hold a tunnel's small answers back by the delayed-ACK time (40 ms).
+        const int one = 1;
+        ::setsockopt(tool.get(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
         const Fd upstream = connect_host(host);
         if (!upstream) {
             // ECONNRESET or ECONNREFUSED: the host has no proxy for this sandbox.

@@ -522,7 +522,7 @@ E2bSandboxView E2bControlPlane::view_of(const Sandbox& sandbox)
     view.end_at = status.expires_at;
     view.metadata = settings.metadata;
     view.pause_on_timeout = settings.pause_on_timeout;
-    view.egress = settings.egress ? settings.egress : default_egress();
+    view.egress = settings.egress ? settings.egress : default_egress(sandbox.pool());
     const VmShape& shape = shape_of(sandbox.pool());
     view.cpu_count = shape.vcpus;
     view.memory_mb = shape.mem_mib;
@@ -530,9 +530,9 @@ E2bSandboxView E2bControlPlane::view_of(const Sandbox& sandbox)
     return view;
 }
 
-std::optional<EgressRules> E2bControlPlane::default_egress() const
+std::optional<EgressRules> E2bControlPlane::default_egress(const std::string& pool) const
 {
-    const EgressRules& rules = manager_.config().egress_default;
+    const EgressRules& rules = manager_.default_egress(pool);
     return rules.allow.empty() ? std::nullopt : std::optional<EgressRules>(rules);
 }
 
@@ -553,7 +553,7 @@ E2bSandboxView E2bControlPlane::view_of(const PausedSandbox& paused)
     view.end_at = WallTime(std::chrono::seconds(paused.retain_until));
     view.metadata = paused.settings.metadata;
     view.pause_on_timeout = paused.settings.pause_on_timeout;
-    view.egress = paused.settings.egress ? paused.settings.egress : default_egress();
+    view.egress = paused.settings.egress ? paused.settings.egress : default_egress(paused.pool);
     const VmShape& shape = shape_of(paused.pool);
     view.cpu_count = shape.vcpus;
     view.memory_mb = shape.mem_mib;

@@ -57,8 +57,8 @@ private:
     E2bSandboxView view_of(const PausedSandbox& paused);
     // What is known of the VMs of pool `pool` (read once per pool).
     const VmShape& shape_of(const std::string& pool);
-    // Serve's --egress-allow/--egress-deny, as the rules of a sandbox created without any.
-    std::optional<EgressRules> default_egress() const;
+    // The pool's or serve's default rules, as those of a sandbox created without any.
+    std::optional<EgressRules> default_egress(const std::string& pool) const;
 
     SandboxManager& manager_;
     const SandboxTokens& tokens_;

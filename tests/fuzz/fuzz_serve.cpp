@@ -74,7 +74,7 @@ public:
 
         ManagerConfig config;
         config.program = program;
-        config.pools.push_back(PoolConfig{"default", {}, 0});
+        config.pools.push_back(PoolConfig{"default", {}, 0, {}});
         // The harness's sandbox fills serve: an input's creates are refused (429) rather than
         // each starting a process, unless the input ended that sandbox first.
         config.max_sandboxes = 1;

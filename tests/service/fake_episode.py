@@ -8,6 +8,8 @@ except where the request asks it to misbehave:
   dies between an upload's chunks);
 - stat or read_file whose path contains "die": the episode ends without answering (mid-fetch).
 
+The env op is kept, and an exec of argv ["env-json"] answers it as its stdout (JSON).
+
 SIGTERM (serve stopping it) answers every call still running with `stopped`, then exits, as
 the real episode does. Of its arguments (episode --announce-ready ...) only --vsock-uds PATH
 is read: it then plays the VMM's end of vsock and the guest agent's port relay together at PATH
@@ -98,16 +100,22 @@ def main():
         listener.listen(128)
         threading.Thread(target=serve_vsock, args=(listener,), daemon=True).start()
     send({"event": "ready", "restored": False})
+    env = {}
     for line in sys.stdin:
         request = json.loads(line)
         call, op = request["id"], request.get("op")
-        if op in ("exec", "run_code", "shell"):
+        if op == "env":
+            env = request["env"]
+            send({"id": call, "ok": True})
+        elif op in ("exec", "run_code", "shell"):
             argv = request.get("argv") or [request.get("code") or request.get("cmd") or ""]
             if argv[:1] == ["hang"]:
                 running.add(call)
                 continue
+            # "env-json": the sandbox's env as the episode holds it (serve's env op), as JSON.
+            out = json.dumps(env) if argv[:1] == ["env-json"] else ""
             send({"id": call, "exit_code": 0, "signal": None, "timed_out": False, "oom_killed": False,
-                  "stdout": "", "stderr": "", "duration_ms": 1})
+                  "stdout": out, "stderr": "", "duration_ms": 1})
         elif op == "write_file":
             send({"id": call, "ok": True, "bytes": 0})
             if "exit-after-chunk" in request.get("path", ""):

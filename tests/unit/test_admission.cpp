@@ -103,7 +103,7 @@ TEST_CASE("the manager refuses a create on the memory probe and at max_sandboxes
     const FakeAgentvm program("exit 1");
     ManagerConfig config;
     config.program = program.path;
-    config.pools = {PoolConfig{"default", {}, 0}};
+    config.pools = {PoolConfig{"default", {}, 0, {}}};
     config.mem_reserve_mib = 2048;
     uint64_t available_mib = 100;
     HostProbes probes;

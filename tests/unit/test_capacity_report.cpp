@@ -183,7 +183,7 @@ read request)");
     ManagerConfig config;
     config.program = program.path;
     config.node_id = "node-b";
-    config.pools = {PoolConfig{"default", {}, 0}};
+    config.pools = {PoolConfig{"default", {}, 0, {}}};
     config.max_sandboxes = 4;
     config.mem_reserve_mib = 0;
     auto now = std::chrono::steady_clock::time_point{} + 1h;

@@ -93,7 +93,7 @@ struct Rig {
 
 TEST_CASE("refill starts at most refill_concurrency VMs at once, up to the pool's target")
 {
-    Rig rig(ready_episode, {PoolConfig{"default", {}, 3}}, 2);
+    Rig rig(ready_episode, {PoolConfig{"default", {}, 3, {}}}, 2);
     rig.pools.refill();
     CHECK(rig.pool("default").starting == 2);
     CHECK(rig.starts == 2);
@@ -108,7 +108,7 @@ TEST_CASE("refill starts at most refill_concurrency VMs at once, up to the pool'
 
 TEST_CASE("refill never starts a VM past max_sandboxes or into the memory reserve")
 {
-    Rig rig(ready_episode, {PoolConfig{"default", {}, 3}}, 3, 2);
+    Rig rig(ready_episode, {PoolConfig{"default", {}, 3, {}}}, 3, 2);
     rig.available_mib = 1000;
     rig.pools.refill();
     CHECK(rig.starts == 0);
@@ -122,7 +122,7 @@ TEST_CASE("refill never starts a VM past max_sandboxes or into the memory reserv
 
 TEST_CASE("a failed start backs the pool's refill off, doubling, on the pool's clock")
 {
-    Rig rig("exit 1", {PoolConfig{"default", {}, 1}}, 1);
+    Rig rig("exit 1", {PoolConfig{"default", {}, 1, {}}}, 1);
     rig.pools.refill();
     CHECK(rig.starts == 1);
     rig.run_until([&] { return rig.vms.empty(); });
@@ -150,7 +150,7 @@ TEST_CASE("a failed start backs the pool's refill off, doubling, on the pool's c
 
 TEST_CASE("a create takes a warm VM; another pool's warm VM gives way for a create; drain stops the rest")
 {
-    Rig rig(ready_episode, {PoolConfig{"a", {}, 1}, PoolConfig{"b", {}, 2}}, 3);
+    Rig rig(ready_episode, {PoolConfig{"a", {}, 1, {}}, PoolConfig{"b", {}, 2, {}}}, 3);
     rig.pools.refill();
     rig.run_until([&] { return rig.pool("a").warm.size() == 1 && rig.pool("b").warm.size() == 2; });
     CHECK(rig.pools.default_pool() == "default");

@@ -39,7 +39,7 @@ struct Rig {
     {
         ManagerConfig config;
         config.program = program.path;
-        config.pools = {PoolConfig{"default", {}, 0}};
+        config.pools = {PoolConfig{"default", {}, 0, {}}};
         config.mem_reserve_mib = 0;
         config.state_dir = state_dir;
         HostProbes probes;

@@ -92,7 +92,7 @@ TEST_CASE("a forged snapshot answer is refused, and a forged parent holds nothin
     const fs::path state = fs::path(dir) / "state";
     ManagerConfig config;
     config.program = program.path;
-    config.pools = {PoolConfig{"default", {}, 1}};
+    config.pools = {PoolConfig{"default", {}, 1, {}}};
     config.mem_reserve_mib = 0;
     config.state_dir = state.string();
     {
