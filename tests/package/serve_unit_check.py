@@ -4,7 +4,7 @@ this script plays systemd's part (as root) and checks serve's.
 
 From the units it takes the command line (ExecStart, with %S and $VARIABLES from a serve.conf
 expanded as systemd expands them), the user, group and supplementary groups, the capabilities
-(AmbientCapabilities, CapabilityBoundingSet), NoNewPrivileges, the state and runtime
+(AmbientCapabilities, CapabilityBoundingSet), NoNewPrivileges, UMask, the state and runtime
 directories, and the socket (agentvm-serve.socket: its path moved under a temporary root, its
 owner and mode). It passes the socket as systemd does (fd 3, LISTEN_PID, LISTEN_FDS,
 LISTEN_FDNAMES), listens on a NOTIFY_SOCKET and, on cgroup v2, delegates a cgroup to the user
@@ -302,9 +302,11 @@ class Systemd:
         if "TESTHOST_EMULATED" in os.environ:
             env["TESTHOST_EMULATED"] = os.environ["TESTHOST_EMULATED"]
         listener = self.listener.fileno()
+        umask = int(one(self.service, "UMask"), 8)
 
         def socket_at_3():
             os.dup2(listener, 3)
+            os.umask(umask)
 
         self.log_path = os.path.join(self.root, "serve.log")
         log = open(self.log_path, "ab")
