@@ -34,7 +34,6 @@ import shlex
 import shutil
 import signal
 import socket
-import stat
 import struct
 import subprocess
 import sys
@@ -195,11 +194,12 @@ class Systemd:
     def __init__(self, unit_dir, serve_bin, agentvm_bin, user, conf_path):
         self.service = read_unit(os.path.join(unit_dir, "agentvm-serve.service"))
         self.socket_unit = read_unit(os.path.join(unit_dir, "agentvm-serve.socket"))
-        self.root = tempfile.mkdtemp(prefix="agentvm-serve-unit-")
-        os.chmod(self.root, 0o755)
         self.uid, self.gid = resolve_user(user or one(self.service, "User"))
         groups = one(self.service, "SupplementaryGroups").split()
         self.groups = [grp.getgrnam(name).gr_gid for name in groups]
+        self.cgroup = None
+        self.root = tempfile.mkdtemp(prefix="agentvm-serve-unit-")
+        os.chmod(self.root, 0o755)
         self.ambient = one(self.service, "AmbientCapabilities").split()
         self.bounding = one(self.service, "CapabilityBoundingSet").split()
         self.no_new_privs = one(self.service, "NoNewPrivileges") == "yes"
@@ -346,10 +346,11 @@ def check(serve_bin, agentvm_bin, user=None, unit_dir=DEFAULT_UNIT_DIR, conf_pat
         own_conf.write(DEFAULT_CONF)
         own_conf.close()
         conf_path = own_conf.name
-    systemd = Systemd(unit_dir, serve_bin, agentvm_bin, user, conf_path)
+    systemd = None
     seen = []
     proc = None
     try:
+        systemd = Systemd(unit_dir, serve_bin, agentvm_bin, user, conf_path)
         notify = Notifications()
         started = time.monotonic()
         proc = systemd.start(notify.address)
@@ -410,12 +411,13 @@ def check(serve_bin, agentvm_bin, user=None, unit_dir=DEFAULT_UNIT_DIR, conf_pat
         expect(code == 0, f"serve exited {code} after SIGTERM")
         return "; ".join(seen)
     except Failed as e:
-        log = systemd.log() if os.path.exists(os.path.join(systemd.root, "serve.log")) else ""
+        log = systemd.log() if systemd and os.path.exists(os.path.join(systemd.root, "serve.log")) else ""
         raise Failed(f"{e}\n--- serve's log (last 4000 bytes):\n{log[-4000:]}") from None
     finally:
         if proc:
             stop(proc)
-        systemd.cleanup()
+        if systemd:
+            systemd.cleanup()
         if own_conf:
             os.unlink(own_conf.name)
 
