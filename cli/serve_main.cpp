@@ -17,6 +17,8 @@
 #include "common/error.hpp"
 #include "service/egress/egress_policy.hpp"
 #include "service/serve.hpp"
+#include "service/systemd/delegated_cgroup.hpp"
+#include "service/systemd/listen_fds.hpp"
 
 namespace {
 
@@ -183,6 +185,10 @@ int main(int argc, char** argv)
                    "connections are cut and new ones answered 429")
         ->capture_default_str()
         ->check(CLI::Range(uint64_t{1}, uint64_t{1} << 50));
+    bool delegated_cgroup = false;
+    app.add_flag("--delegated-cgroup", delegated_cgroup,
+                 "make the VMs' cgroups inside serve's own, which systemd delegated to it (Delegate=yes): serve "
+                 "moves itself into a leaf of it (cgroup v2; nothing to do on v1)");
     app.add_option("--log-level", log_level, "trace, debug, info, warn, error, critical or off")->capture_default_str();
     try {
         app.parse(argc, argv);
@@ -206,7 +212,13 @@ int main(int argc, char** argv)
                     throw Error(fmt::format("--pool {}: the pool {} is given twice", text, pool.name));
             config.sandboxes.pools.push_back(std::move(pool));
         }
-        if (listen.empty())
+        if (delegated_cgroup)
+            enter_delegated_cgroup();
+        config.notifier = SystemdNotifier::from_environment();
+        // Socket activation (deploy/systemd/agentvm-serve.socket): systemd's sockets beside --listen's.
+        for (InheritedSocket& socket : take_inherited_sockets())
+            config.listen.push_back(std::move(socket.spec));
+        if (listen.empty() && config.listen.empty())
             listen.push_back("unix:" + default_socket());
         for (const std::string& text : listen)
             config.listen.push_back(parse_listen_spec(text));

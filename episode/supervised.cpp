@@ -1,10 +1,9 @@
 #include "episode/supervised.hpp"
 
-#include <unistd.h>
-
 #include <optional>
 
 #include "common/error.hpp"
+#include "vmm/jail.hpp"
 #include "vmm/supervisor.hpp"
 
 namespace agentvm {
@@ -20,9 +19,7 @@ int run_supervised(VmOptions& options, int killed_code, const std::function<int(
 {
     if (!options.jailed())
         return body();
-    if (::geteuid() != 0)
-        throw Error("the VMM's jail needs root (namespaces, pivot_root, its cgroup): run agentvm as root, "
-                    "or with --no-jail to debug without the jail");
+    check_jail_privileges();
     std::optional<VmCgroup> cgroup;
     if (options.wants_cgroup()) {
         cgroup.emplace(VmCgroup::create());

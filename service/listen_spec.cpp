@@ -15,10 +15,11 @@ bool ListenSpec::loopback() const
 
 std::string ListenSpec::text() const
 {
+    const std::string from = inherited_fd >= 0 ? " (from systemd)" : "";
     if (!tcp)
-        return "unix:" + path;
-    return host.find(':') != std::string::npos ? fmt::format("tcp:[{}]:{}", host, port)
-                                               : fmt::format("tcp:{}:{}", host, port);
+        return "unix:" + path + from;
+    return (host.find(':') != std::string::npos ? fmt::format("tcp:[{}]:{}", host, port)
+                                                : fmt::format("tcp:{}:{}", host, port)) + from;
 }
 
 ListenSpec parse_listen_spec(const std::string& text)

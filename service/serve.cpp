@@ -166,6 +166,11 @@ int run_serve(const ServeConfig& config)
     std::vector<Fd> listeners;
     SocketFiles socket_files;
     for (const ListenSpec& spec : config.listen) {
+        if (spec.inherited_fd >= 0) {
+            // systemd made it and keeps its file, across serve's restarts too.
+            listeners.emplace_back(spec.inherited_fd);
+            continue;
+        }
         listeners.push_back(spec.tcp ? listen_tcp(spec.host, spec.port) : listen_unix(spec.path));
         if (!spec.tcp)
             socket_files.paths.push_back(spec.path);
@@ -177,7 +182,9 @@ int run_serve(const ServeConfig& config)
             throw Error(fmt::format("--agent-check {}: HAProxy's agent check speaks TCP: give tcp:HOST:PORT",
                                     config.agent_check->text()));
         try {
-            agent_check_socket = listen_tcp(config.agent_check->host, config.agent_check->port);
+            agent_check_socket = config.agent_check->inherited_fd >= 0
+                                     ? Fd(config.agent_check->inherited_fd)
+                                     : listen_tcp(config.agent_check->host, config.agent_check->port);
         } catch (const Error& e) {
             throw Error(fmt::format("--agent-check: {}", e.what()));
         }
@@ -235,6 +242,9 @@ int run_serve(const ServeConfig& config)
         stop_signal = static_cast<int>(info.ssi_signo);
         spdlog::info("{}: draining (running calls have {} s to finish)", strsignal(stop_signal),
                      config.drain_grace.count());
+        if (config.notifier)
+            config.notifier->notify(fmt::format("STOPPING=1\nSTATUS=draining after {}: running calls have {} s to "
+                                                "finish", strsignal(stop_signal), config.drain_grace.count()));
         server.stop_accepting();
         manager.drain(config.drain_grace, [&loop] { loop.stop(); });
     });
@@ -245,6 +255,12 @@ int run_serve(const ServeConfig& config)
     spdlog::info("connections: at most {} per listener, {} per client address on TCP; request headers due within "
                  "{} s",
                  listener_share, options.max_connections_per_address, options.header_timeout.count());
+    if (config.notifier) {
+        std::string where;
+        for (const ListenSpec& spec : config.listen)
+            where += (where.empty() ? "" : ", ") + spec.text();
+        config.notifier->notify(fmt::format("READY=1\nSTATUS=serving on {}", where));
+    }
     run_loop(loop);
     // The VMs have ended, so every call has its answer: each request still open gets its
     // own (503 for one that had none) before the HTTP server goes, and a little time to take it.

@@ -1,6 +1,7 @@
 // agentvm serve: the per-host sandbox service (docs/api.md), run until SIGINT, SIGTERM or
 // SIGHUP, which drain it: no new connections or creates, running calls finish (up to the
-// grace period), every VM is stopped, exit 0.
+// grace period), every VM is stopped, exit 0. Under systemd it reports READY=1 once it
+// accepts connections and STOPPING=1 when it starts draining (service/systemd/notify.hpp).
 #pragma once
 
 #include <chrono>
@@ -11,6 +12,7 @@
 #include "service/fleet/peers.hpp"
 #include "service/listen_spec.hpp"
 #include "service/sandbox_manager.hpp"
+#include "service/systemd/notify.hpp"
 
 namespace agentvm {
 
@@ -24,6 +26,8 @@ struct ServeConfig {
     std::vector<Peer> peers;
     // --agent-check: where HAProxy's agent check asks for this node's state and weight (TCP).
     std::optional<ListenSpec> agent_check;
+    // $NOTIFY_SOCKET, when systemd started serve as Type=notify.
+    std::optional<SystemdNotifier> notifier;
 };
 
 // "NAME=N": NAME is "default" (set-up's snapshot, what `agentvm episode` restores without

@@ -18,9 +18,12 @@
 #include <thread>
 #include <utility>
 
+#include <cstdlib>
+
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include "common/cgroup_parent.hpp"
 #include "common/error.hpp"
 #include "common/fd.hpp"
 
@@ -148,9 +151,16 @@ VmCgroup VmCgroup::create()
 {
     const std::string name = fmt::format("{}", ::getpid());
     if (exists(fmt::format("{}/cgroup.controllers", cgroup_root))) {
-        const std::string parent = fmt::format("{}/agentvm", cgroup_root);
-        enable_v2_controllers(cgroup_root);
-        make_dir(parent, true);
+        std::string parent = fmt::format("{}/agentvm", cgroup_root);
+        if (const char* delegated = std::getenv(cgroup_parent_variable); delegated && *delegated) {
+            parent = delegated;
+            if (!parent.starts_with(std::string(cgroup_root) + "/") || parent.find("/..") != std::string::npos)
+                throw Error(fmt::format("cgroup: {}='{}' is not a directory under {}", cgroup_parent_variable, parent,
+                                        cgroup_root));
+        } else {
+            enable_v2_controllers(cgroup_root);
+            make_dir(parent, true);
+        }
         enable_v2_controllers(parent);
         remove_stale_groups(parent, "vm-");
         const std::string dir = fmt::format("{}/vm-{}", parent, name);

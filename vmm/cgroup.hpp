@@ -16,6 +16,10 @@
 //   v2: /sys/fs/cgroup/agentvm/vm-<supervisor pid>. Under v2 a group with processes cannot
 //       hand controllers to children, and agentvm's own group usually has processes, so the
 //       parent "agentvm" sits at the root (which is exempt), where its controllers are enabled.
+//       Under `agentvm serve --delegated-cgroup` (systemd's Delegate=yes) the parent is
+//       serve's own cgroup instead, named by $AGENTVM_CGROUP_PARENT (common/cgroup_parent.hpp):
+//       serve has moved itself into a leaf below it, and a service's user may write nowhere
+//       else in the hierarchy.
 #pragma once
 
 #include <sys/types.h>

@@ -18,6 +18,7 @@
 #include <csignal>
 #include <ctime>
 #include <filesystem>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -66,6 +67,21 @@ void drop_capabilities()
 }
 
 } // namespace
+
+void check_jail_privileges()
+{
+    __user_cap_header_struct header{_LINUX_CAPABILITY_VERSION_3, 0};
+    __user_cap_data_struct held[_LINUX_CAPABILITY_U32S_3] = {};
+    check(static_cast<int>(::syscall(SYS_capget, &header, held)), "reading this process's capabilities");
+    std::string missing;
+    for (const auto& [cap, name] : {std::pair{CAP_SYS_ADMIN, "CAP_SYS_ADMIN"}, std::pair{CAP_SETPCAP, "CAP_SETPCAP"}})
+        if ((held[CAP_TO_INDEX(cap)].effective & CAP_TO_MASK(cap)) == 0)
+            missing += std::string(missing.empty() ? "" : " and ") + name;
+    if (!missing.empty())
+        throw Error(fmt::format("the VMM's jail needs {} (namespaces, pivot_root, the securebits), which root has: "
+                                "run agentvm as root, give its user the capabilities (deploy/systemd/"
+                                "agentvm-serve.service), or use --no-jail to debug without the jail", missing));
+}
 
 int close_inherited_fds(int keep)
 {

@@ -36,6 +36,12 @@ struct JailSpec {
     uint64_t max_file_bytes = 0;  // the largest file the VMM may write (console log, disk overlay, snapshot)
 };
 
+// Throws Error naming what is missing when this process could not build the jail: the
+// capabilities it uses before dropping them all, CAP_SYS_ADMIN (namespaces, mounts, pivot_root)
+// and CAP_SETPCAP (securebits, bounding set), effective. Root has them; a service user may be
+// given them (deploy/systemd/agentvm-serve.service), its cgroup then delegated to it.
+void check_jail_privileges();
+
 // Throws Error naming the step that failed.
 // Keeps stdin, stdout, stderr and `keep` (moved to 3 if it is not already; returned).
 int close_inherited_fds(int keep);

@@ -1097,12 +1097,40 @@ def guest_egress():
     return guest_egress_case.run(create, delete, exec_, metrics)
 
 
+# The test host's guest files are set-up's, linked from build/guest/ into root's cache, and
+# /root is 0700; a package installs them where any user reads them. In a mount namespace of the
+# case's own, /root is an empty tmpfs of mode 0755 with only .cache (root's own, bound back)
+# inside; /dev/kvm gets udev's usual group and mode.
+UNIT_USER_SETUP = """set -e
+chgrp kvm /dev/kvm && chmod 0660 /dev/kvm
+if [ "$(stat -c %a /root)" = 700 ] && [ -d /root/.cache ]; then
+    mkdir -p /tmp/serve-unit-root && mount --rbind /root /tmp/serve-unit-root
+    mount -t tmpfs -o mode=0755 tmpfs /root
+    mkdir /root/.cache && mount --rbind /tmp/serve-unit-root/.cache /root/.cache
+fi
+exec "$@"
+"""
+
+
+def serve_unit():
+    """serve started as deploy/systemd/agentvm-serve.service starts it, as a user of its own
+    (uid and gid 61234, not in passwd) with the unit's groups and capabilities, its socket
+    passed, its cgroup delegated (tests/package/serve_unit_check.py plays systemd)."""
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "package", "serve_unit_check.py")
+    agentvm = os.path.join(os.path.dirname(SERVE), "agentvm")
+    r = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", UNIT_USER_SETUP, "sh",
+                        "python3", script, "--serve", SERVE, "--agentvm", agentvm, "--user", "61234:61234"],
+                       capture_output=True, text=True, timeout=900)
+    expect(r.returncode == 0 and r.stdout.startswith("ok serve_unit: "), f"{r.stdout}{r.stderr[-4000:]}")
+    return r.stdout[len("ok serve_unit: "):].strip()
+
+
 SHARED = [pool_warm_and_cold, state_within_not_across, big_file_both_ways, streaming, timeouts, vm_killed,
           errors, run_code, code_cancel_file_info, run_jupyter, fusion_limits, metrics_match, guest_ports,
           guest_egress]
 # After the shared serve has stopped: these count every agentvm process of the machine.
 ALONE = [drain_with_call_in_flight, soak_no_leaks, kill9_leaves_nothing, memory_reserve_refuses, pool_warmup,
-         plan_calibrates, fork_pause_resume, hostile_guest]
+         plan_calibrates, fork_pause_resume, hostile_guest, serve_unit]
 
 
 def main():

@@ -30,10 +30,12 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <utility>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "common/error.hpp"
 #include "vmm/cgroup.hpp"
 #include "vmm/jail.hpp"
 #include "vmm/supervisor.hpp"
@@ -273,5 +275,29 @@ TEST_CASE("a group left by a supervisor that was killed is removed by the next o
         CHECK(fs::exists(group(parent, ::getppid())));  // its supervisor lives
         for (const pid_t pid : {old_dead, young_dead, ::getppid()})
             ::rmdir(group(parent, pid).c_str());
+    }
+}
+
+TEST_CASE("the jail's privileges: root has them; without CAP_SYS_ADMIN or CAP_SETPCAP the start is refused, naming it")
+{
+    CHECK_NOTHROW(check_jail_privileges());
+    for (const auto& [cap, name] : {std::pair{CAP_SYS_ADMIN, "CAP_SYS_ADMIN"}, std::pair{CAP_SETPCAP, "CAP_SETPCAP"}}) {
+        CAPTURE(name);
+        const int status = in_test_process([cap = cap, name = name] {
+            __user_cap_header_struct header{_LINUX_CAPABILITY_VERSION_3, 0};
+            __user_cap_data_struct held[_LINUX_CAPABILITY_U32S_3] = {};
+            if (::syscall(SYS_capget, &header, held) != 0)
+                return 2;
+            held[CAP_TO_INDEX(cap)].effective &= ~CAP_TO_MASK(cap);
+            if (::syscall(SYS_capset, &header, held) != 0)
+                return 3;
+            try {
+                check_jail_privileges();
+            } catch (const Error& e) {
+                return std::string(e.what()).find(name) != std::string::npos ? 0 : 4;
+            }
+            return 5;
+        });
+        CHECK(status == 0);
     }
 }
