@@ -5,6 +5,7 @@
 #include <optional>
 
 #include "common/error.hpp"
+#include "episode/default_snapshot.hpp"
 #include "vmm/supervisor.hpp"
 
 namespace agentvm {
@@ -18,6 +19,8 @@ constexpr auto deadline_grace = std::chrono::seconds(30);
 
 int run_supervised(VmOptions& options, int killed_code, const std::function<int()>& body)
 {
+    // Before the jail and the cgroup: the bake is a VMM of its own, with its own.
+    bake_default_snapshot_on_first_use(options);
     if (!options.jailed())
         return body();
     if (::geteuid() != 0)
