@@ -4,10 +4,10 @@
 
 #include <memory>
 
-#include "cli/seconds_option.hpp"
-#include "cli/vm_flags.hpp"
 #include <fmt/format.h>
 
+#include "cli/seconds_option.hpp"
+#include "cli/vm_flags.hpp"
 #include "common/error.hpp"
 #include "episode/bake_session.hpp"
 #include "episode/default_snapshot.hpp"

@@ -76,6 +76,8 @@ void bake_default_snapshot_on_first_use(const VmOptions& options)
         return;
     const auto state_dir = guest.snapshot.parent_path();
     const auto lock_path = state_dir / ".bake.lock";
+    std::error_code ec;
+    std::filesystem::create_directories(state_dir, ec);  // a failure shows in the open below
     const Fd lock(::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600));
     if (!lock) {
         spdlog::warn("the default snapshot {} is not baked yet and cannot be baked here ({}: {}); "
@@ -83,13 +85,16 @@ void bake_default_snapshot_on_first_use(const VmOptions& options)
                      guest.snapshot.string(), lock_path.string(), std::strerror(errno));
         return;
     }
-    while (::flock(lock.get(), LOCK_EX) != 0)
-        if (errno != EINTR)
-            throw_errno(fmt::format("locking '{}'", lock_path.string()));
+    int locked = 0;
+    while ((locked = ::flock(lock.get(), LOCK_EX)) != 0 && errno == EINTR) {
+    }
+    // Some file systems (a network one) refuse locks; then two first uses at once may both bake.
+    if (locked != 0)
+        spdlog::warn("cannot lock '{}' ({}): baking without it", lock_path.string(), std::strerror(errno));
     if (baked(guest.snapshot))
         return;  // another command baked it while this one waited
     spdlog::info("baking the default snapshot into {} (once per host: a snapshot belongs to this host's CPU "
-                 "and kernel; it takes a guest's boot, seconds on hardware KVM)",
+                 "and kernel; it takes one boot of the guest)",
                  guest.snapshot.string());
     const auto start = std::chrono::steady_clock::now();
     if (!spawn_default_bake()) {
