@@ -94,6 +94,7 @@ packages=(
   skopeo umoci buildah
   qemu-system-x86 linux-image-amd64
   python3-pytest python3-mypy
+  debhelper dh-python help2man lintian
   slurm-wlm haproxy
 )
 
