@@ -8,8 +8,9 @@
 #   tests/package/package_check.sh [TAP_FILE]     default build/package-tests.tap
 #
 # Results in TAP, closing with "# pass N" and "# fail N" (tests/run_all.sh counts them). Needs
-# root and ./setup.sh build (build/guest/). Refuses to run where agentvm is already installed:
-# it would replace and then purge the machine's own. `agentvm run` goes through
+# root and ./setup.sh build (build/guest/, or AGENTVM_PREBUILT_GUEST naming another guest).
+# Refuses to run where agentvm is already installed: it would replace and then purge the
+# machine's own. `agentvm run` goes through
 # tests/testhost/run, which runs it directly on hardware KVM.
 set -uo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -56,8 +57,10 @@ for p in "${packages[@]}"; do
     finish
   fi
 done
+# The guest the package ships, prebuilt: set-up's, or AGENTVM_PREBUILT_GUEST's (as debian/rules).
+guest=${AGENTVM_PREBUILT_GUEST:-$repo/build/guest}
 for f in vmlinux rootfs.ext4; do
-  [[ -f $repo/build/guest/$f ]] || { record 1 "build/guest/$f missing: ./setup.sh build makes it"; finish; }
+  [[ -f $guest/$f ]] || { record 1 "$guest/$f missing: ./setup.sh build makes it"; finish; }
 done
 
 work=$(mktemp -d /var/tmp/agentvm-package.XXXXXX)
@@ -75,7 +78,7 @@ t0=$SECONDS
 say "building the package in $work (dpkg-buildpackage; log: $work/build.log)"
 (cd "$repo" && git ls-files -co --exclude-standard -z | tar --null --ignore-failed-read -T - -cf - 2>/dev/null) |
   tar -xf - -C "$work/src"
-(cd "$work/src" && DEB_BUILD_OPTIONS="nocheck noddebs parallel=$(nproc)" AGENTVM_PREBUILT_GUEST="$repo/build/guest" \
+(cd "$work/src" && DEB_BUILD_OPTIONS="nocheck noddebs parallel=$(nproc)" AGENTVM_PREBUILT_GUEST="$guest" \
   nice dpkg-buildpackage -b -us -uc >"$work/build.log" 2>&1)
 status=$?
 debs=("$work"/agentvm_*.deb "$work"/python3-agentvm_*.deb)
