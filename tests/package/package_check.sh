@@ -10,8 +10,8 @@
 # Results in TAP, closing with "# pass N" and "# fail N" (tests/run_all.sh counts them). Needs
 # root and ./setup.sh build (build/guest/, or AGENTVM_PREBUILT_GUEST naming another guest).
 # Refuses to run where agentvm is already installed: it would replace and then purge the
-# machine's own. `agentvm run` goes through
-# tests/testhost/run, which runs it directly on hardware KVM.
+# machine's own. `agentvm run` goes through tests/testhost/run, which runs it directly on
+# hardware KVM.
 set -uo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 tap=${1:-$repo/build/package-tests.tap}
@@ -108,8 +108,9 @@ done
 record "${#missing[@]}" "the programs, the guest, man pages and the Python client are where they belong" \
   "${missing[@]/#/missing: }"
 id_out=$(id agentvm 2>&1)
-[[ $id_out == *"(kvm)"* && $(stat -c %U /var/lib/agentvm 2>&1) == agentvm ]]
-record $? "system user agentvm, in group kvm, owns /var/lib/agentvm" "$id_out"
+state=$(stat -c '%U:%G %a' /var/lib/agentvm 2>&1)
+[[ $id_out == *"(kvm)"* && $state == "root:agentvm 775" ]]
+record $? "system user agentvm, in group kvm; /var/lib/agentvm root's, writable by group agentvm" "$id_out" "$state"
 man_out=$(MANPAGER=cat man -l /usr/share/man/man1/agentvm-doctor.1.gz 2>&1)
 [[ $man_out == *"--help"* || $man_out == *"doctor"* ]]
 record $? "man agentvm-doctor renders the command's own help" "${man_out:0:200}"
