@@ -95,6 +95,7 @@ packages=(
   qemu-system-x86 linux-image-amd64
   python3-pytest python3-mypy
   systemd
+  debhelper dh-python help2man lintian
   slurm-wlm haproxy
 )
 

@@ -8,6 +8,7 @@
 
 #include "agentvm_config.hpp"
 #include "cli/boot_command.hpp"
+#include "cli/doctor_command.hpp"
 #include "cli/episode_command.hpp"
 #include "cli/fleet_command.hpp"
 #include "episode/exit_codes.hpp"
@@ -53,6 +54,7 @@ int run_command_line(int argc, char** argv)
         add_serve_command(app),
         add_plan_command(app),
         add_port_forward_command(app),
+        add_doctor_command(app),
     };
     for (Subcommand& command : add_template_commands(app))
         commands.push_back(std::move(command));

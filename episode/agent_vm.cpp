@@ -52,7 +52,7 @@ AgentVm::AgentVm(VmOptions& options, std::chrono::milliseconds boot_timeout)
             // (kernel or rootfs rebuilt since), and a cold boot is still correct, only slower.
             if (options.snapshot_given())
                 throw;
-            spdlog::warn("not using the default snapshot: {}; booting instead (./setup.sh build bakes it again)",
+            spdlog::warn("not using the default snapshot: {}; booting instead (`agentvm snapshot bake --default` bakes it again)",
                          e.what());
         }
     }

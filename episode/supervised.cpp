@@ -3,6 +3,7 @@
 #include <optional>
 
 #include "common/error.hpp"
+#include "episode/default_snapshot.hpp"
 #include "vmm/jail.hpp"
 #include "vmm/supervisor.hpp"
 
@@ -17,6 +18,8 @@ constexpr auto deadline_grace = std::chrono::seconds(30);
 
 int run_supervised(VmOptions& options, int killed_code, const std::function<int()>& body)
 {
+    // Before the jail and the cgroup: the bake is a VMM of its own, with its own.
+    bake_default_snapshot_on_first_use(options);
     if (!options.jailed())
         return body();
     check_jail_privileges();

@@ -17,6 +17,7 @@
 #include "common/fd.hpp"
 #include "common/file_digest.hpp"
 #include "episode/exit_codes.hpp"
+#include "episode/guest_location.hpp"
 #include "episode/vm_options.hpp"
 #include "templates/template_build.hpp"
 #include "templates/template_store.hpp"
@@ -141,7 +142,7 @@ void refuse_default(const std::string& name, const char* what)
 
 Json default_template()
 {
-    const std::string snapshot = default_guest_file("snapshot");
+    const std::string snapshot = default_guest().snapshot.string();
     std::error_code ec;
     return Json{{"name", default_template_name},
                 {"source", "set-up's guest (./setup.sh)"},

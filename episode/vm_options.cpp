@@ -13,6 +13,7 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include "episode/guest_location.hpp"
 #include "episode/seconds.hpp"
 #include "episode/template_options.hpp"
 #include "protocol/cmdline.hpp"
@@ -31,11 +32,12 @@ constexpr uint64_t vmm_max_tasks = 512;
 constexpr uint64_t file_size_slack = 64 * layout::mib;
 constexpr uint64_t max_disk_mib = CowDisk::max_capacity_bytes / layout::mib;
 
-void require_readable_file(const std::string& path, const char* what, const char* flag)
+// origin: where the path came from, for the message.
+void require_readable_file(const std::string& path, const char* what, const std::string& origin)
 {
     struct stat st {};
     if (::stat(path.c_str(), &st) != 0)
-        throw_errno(fmt::format("{} '{}' (set with {})", what, path, flag));
+        throw_errno(fmt::format("{} '{}' ({})", what, path, origin));
     if (!S_ISREG(st.st_mode) && !S_ISBLK(st.st_mode))
         throw Error(fmt::format("{} '{}' is not a file", what, path));
     if (::access(path.c_str(), R_OK) != 0)
@@ -96,7 +98,7 @@ std::string agentvm_binary()
 
 std::string default_guest_file(const std::string& name)
 {
-    return (std::filesystem::path(agentvm_binary()).parent_path() / "guest" / name).string();
+    return (default_guest().dir / name).string();
 }
 
 VmOptions::VmOptions(VmRole role) : role_(role)
@@ -114,8 +116,15 @@ VmConfig VmOptions::resolve()
         role_ == VmRole::bake || live_snapshots_ ? SeccompRole::io_loop_snapshot : SeccompRole::io_loop;
     if (request_.no_jail)
         spdlog::warn("--no-jail: the VMM runs without its jail, seccomp filters and cgroup limits; use it only to debug");
-    config.kernel_path = request_.kernel.empty() ? default_guest_file("vmlinux") : request_.kernel;
-    config.rootfs_path = request_.rootfs.empty() ? default_guest_file("rootfs.ext4") : request_.rootfs;
+    // A default file that is missing is named with where it was looked for, not with a flag
+    // the user never gave.
+    const GuestLocation guest = default_guest();
+    const auto default_origin = [&](const char* flag) {
+        return fmt::format("the default, from {} {}; `agentvm doctor` checks the guest files, {} names another",
+                           describe(guest.source), guest.dir.string(), flag);
+    };
+    config.kernel_path = request_.kernel.empty() ? (guest.dir / "vmlinux").string() : request_.kernel;
+    config.rootfs_path = request_.rootfs.empty() ? (guest.dir / "rootfs.ext4").string() : request_.rootfs;
     if (!request_.template_name.empty())
         check_template_name(request_.template_name);
     if (uses_template()) {
@@ -130,8 +139,11 @@ VmConfig VmOptions::resolve()
         if (!given("--mem"))
             request_.mem_mib = resolved.mem_mib;
     }
-    require_readable_file(config.kernel_path, "kernel", "--kernel");
-    require_readable_file(*config.rootfs_path, "root filesystem", "--rootfs");
+    require_readable_file(config.kernel_path, "kernel",
+                          request_.kernel.empty() ? default_origin("--kernel") : "set with --kernel");
+    require_readable_file(*config.rootfs_path, "root filesystem",
+                          request_.rootfs.empty() && !uses_template() ? default_origin("--rootfs")
+                                                                      : "set with --rootfs");
 
     // The upper bound depends on KVM and is checked where the VM is built.
     if (request_.cpus == 0)
@@ -176,6 +188,19 @@ const ResolvedTemplate& VmOptions::resolved_template() const
     return *resolved_template_;
 }
 
+bool VmOptions::cold_boot_asked() const
+{
+    for (const char* flag : {"--cold", "--kernel", "--rootfs", "--cmdline", "--cpus", "--mem", "--disk-size"})
+        if (given(flag))
+            return true;
+    return false;
+}
+
+bool VmOptions::uses_default_snapshot() const
+{
+    return role_ == VmRole::agent && request_.snapshot.empty() && !uses_template() && !cold_boot_asked();
+}
+
 std::optional<std::string> VmOptions::snapshot_dir() const
 {
     if (role_ != VmRole::agent)
@@ -185,9 +210,8 @@ std::optional<std::string> VmOptions::snapshot_dir() const
             throw Error("--snapshot and --cold contradict each other");
         return request_.snapshot;
     }
-    for (const char* flag : {"--cold", "--kernel", "--rootfs", "--cmdline", "--cpus", "--mem", "--disk-size"})
-        if (given(flag))
-            return std::nullopt;
+    if (cold_boot_asked())
+        return std::nullopt;
     if (uses_template()) {
         const ResolvedTemplate& resolved = resolved_template();
         if (!resolved.snapshot)
@@ -195,7 +219,7 @@ std::optional<std::string> VmOptions::snapshot_dir() const
                          request_.template_name, request_.template_name);
         return resolved.snapshot;
     }
-    const std::string baked = default_guest_file("snapshot");
+    const std::string baked = default_guest().snapshot.string();
     if (!std::filesystem::exists(baked + "/manifest.json"))
         return std::nullopt;
     return baked;

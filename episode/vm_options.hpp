@@ -70,10 +70,13 @@ public:
     // unset: it is opened last, once nothing else can fail first.
     VmConfig resolve();
     // agent role: the snapshot to restore from: --snapshot, or --template's once baked, or else
-    // set-up's default snapshot (<agentvm dir>/guest/snapshot) when it exists; none when
+    // the default snapshot (episode/guest_location.hpp) when it exists; none when
     // something asks for a cold boot (--cold, or --kernel, --rootfs, --cmdline, --cpus or --mem,
     // which a snapshot has fixed).
     std::optional<std::string> snapshot_dir() const;
+    // agent role: whether the default snapshot is the one to restore (nothing named another
+    // or asked for a cold boot), whether or not it has been baked.
+    bool uses_default_snapshot() const;
     // Whether --snapshot (or --template) named the snapshot (rather than set-up's default being used).
     bool snapshot_given() const { return !request_.snapshot.empty() || uses_template(); }
     // Whether --template names a template other than set-up's default guest.
@@ -120,6 +123,8 @@ public:
 
 private:
     const ResolvedTemplate& resolved_template() const;
+    // Whether a flag asks for a cold boot, or fixes what a snapshot has fixed.
+    bool cold_boot_asked() const;
 
     VmRole role_;
     VmRequest request_;
@@ -134,7 +139,7 @@ private:
 
 // The running agentvm binary's path. Throws Error.
 std::string agentvm_binary();
-// Where set-up puts the default guest: <directory of the agentvm binary>/guest/.
+// A file of the default guest (episode/guest_location.hpp). Throws Error.
 std::string default_guest_file(const std::string& name);
 
 } // namespace agentvm

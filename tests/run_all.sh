@@ -5,6 +5,7 @@
 #   vm    the real kernel and rootfs, through tests/testhost/run
 #   the Python client's pytest suite, through tests/testhost/run, beside the tiers of build/
 #   the E2B tier (the official E2B SDKs against serve, node --test), after the Python client's
+#   the Debian package (built, lintian, installed, used, purged), last and alone
 set -uo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$repo"
@@ -150,8 +151,22 @@ else
   status=1
 fi
 
+# --- the Debian package (tests/package/package_check.sh) ------------------------------------
+# Last and alone: it builds the project once more (dpkg-buildpackage) and, for a minute or two,
+# installs agentvm on this machine, where no other tier may see it (the Python client looks for
+# agentvm in PATH before the checkout's build/). Its TAP is counted below, its status too.
+rm -f build/package-tests.tap build/package-tests.status
+say "the Debian package: build, lintian, install, use, purge (tests/package/package_check.sh)"
+t0=$SECONDS
+package_status=0
+tests/package/package_check.sh build/package-tests.tap || package_status=$?
+echo "$package_status" >build/package-tests.status
+((package_status)) && status=1
+say "the Debian package's check took $((SECONDS - t0))s"
+
 python3 - build-asan/meson-logs/testlog.json build-fuzz/meson-logs/testlog.json build/meson-logs/testlog.json \
-  build/python-host-tests.xml build/python-tests.xml build/e2b-tests.tap build/fleet-tests.tap <<'PY'
+  build/python-host-tests.xml build/python-tests.xml build/e2b-tests.tap build/fleet-tests.tap \
+  build/package-tests.tap <<'PY'
 import json, re, sys
 import xml.etree.ElementTree as ElementTree
 passed = failed = skipped = 0

@@ -2,8 +2,8 @@
 // a VMM killed, errors, /run_code, metrics, drain, kill -9, a create/delete soak, fork,
 // pause and resume across serve restarts, a guest that forges its agent's answers, ports in and
 // egress out, and serve started as its systemd unit starts it, as a user of its own. The
-// scenarios are in
-// tests/service/serve_check.py; this test runs it where a real guest boots and checks each.
+// scenarios are in tests/service/serve_check.py; this test runs it where a real guest boots and
+// checks each.
 #include <doctest/doctest.h>
 
 #include "tests/vm/vm_test.hpp"
