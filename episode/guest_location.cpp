@@ -19,8 +19,9 @@ GuestLocation locate_guest(const GuestSearch& search,
     }
     // A build directory's binary takes that build's guest even before set-up has made it, so a
     // half-built checkout says what is missing there instead of running an installed guest that
-    // another version of agentvm made.
-    if (is_file(search.binary_dir / "build.ninja")) {
+    // another version of agentvm made. A binary with a guest/ of its own beside it (a build's
+    // binary and guest copied together) takes that one.
+    if (is_file(search.binary_dir / "build.ninja") || is_file(search.binary_dir / "guest" / "vmlinux")) {
         const auto dir = search.binary_dir / "guest";
         return {GuestSource::checkout, dir, dir / "snapshot"};
     }

@@ -4,7 +4,8 @@
 // VmOptions' business; this decides only the default, in this order:
 //   1. $AGENTVM_GUEST_DIR: the guest files there, the snapshot in its snapshot/;
 //   2. the checkout's build/guest/ when the binary runs from a meson build directory (one
-//      holding build.ninja), the snapshot in build/guest/snapshot, as set-up bakes it;
+//      holding build.ninja), or a guest/ holding vmlinux beside the binary (a build's binary and
+//      guest copied together), the snapshot in its snapshot/, as set-up bakes it;
 //   3. the installed <prefix>/lib/agentvm/, the snapshot in <localstatedir>/lib/agentvm/snapshot:
 //      a snapshot belongs to the host's CPU and kernel, so the package cannot ship one.
 #pragma once

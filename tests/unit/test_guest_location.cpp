@@ -55,10 +55,14 @@ TEST_CASE("an installed binary takes the installed guest, its snapshot under the
     CHECK(found.snapshot == "/var/lib/agentvm/snapshot");
 }
 
-TEST_CASE("a copy of a build's binary elsewhere is not a checkout: a guest/ beside it is not enough")
+TEST_CASE("a copy of a build's binary elsewhere takes a guest/ beside it, and the installed guest without one")
 {
-    const auto found = locate(search("", "/tmp/copy"), {"/tmp/copy/guest/vmlinux"});
-    CHECK(found.source == GuestSource::installed);
+    const auto copied = locate(search("", "/tmp/copy"), {"/tmp/copy/guest/vmlinux", "/usr/lib/agentvm/vmlinux"});
+    CHECK(copied.source == GuestSource::checkout);
+    CHECK(copied.dir == "/tmp/copy/guest");
+    CHECK(copied.snapshot == "/tmp/copy/guest/snapshot");
+    const auto alone = locate(search("", "/tmp/alone"), {"/usr/lib/agentvm/vmlinux"});
+    CHECK(alone.source == GuestSource::installed);
 }
 
 TEST_CASE("each source has a name for messages")
