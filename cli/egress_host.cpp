@@ -65,14 +65,6 @@ void log_outcome(const EgressOutcome& outcome)
 
 } // namespace
 
-std::vector<std::string> EgressHost::env_entries()
-{
-    const std::string proxy = "http://127.0.0.1:3128";
-    const std::string local = "localhost,127.0.0.1,::1";
-    return {"HTTP_PROXY=" + proxy, "HTTPS_PROXY=" + proxy, "http_proxy=" + proxy, "https_proxy=" + proxy,
-            "NO_PROXY=" + local,   "no_proxy=" + local};
-}
-
 std::unique_ptr<EgressHost> EgressHost::start(const EgressFlags& flags, std::string& vsock_uds)
 {
     EgressPolicy policy;

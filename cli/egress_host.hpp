@@ -42,9 +42,6 @@ public:
     EgressHost(const EgressHost&) = delete;
     EgressHost& operator=(const EgressHost&) = delete;
 
-    // What the guest's tools need in their environment (HTTP_PROXY and the rest).
-    static std::vector<std::string> env_entries();
-
 private:
     EgressHost() = default;
     pid_t owner_ = ::getpid();  // the VMM's child process shares this object, and leaves it be

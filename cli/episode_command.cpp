@@ -40,8 +40,7 @@ Subcommand add_episode_command(CLI::App& app)
     return {episode, [options, egress] {
                 const std::unique_ptr<EgressHost> proxy = EgressHost::start(*egress, options->vm.request().vsock_uds);
                 if (proxy)
-                    for (const std::string& entry : EgressHost::env_entries())
-                        options->env.emplace(entry.substr(0, entry.find('=')), entry.substr(entry.find('=') + 1));
+                    options->env.merge(egress_proxy_env());
                 return run_supervised(options->vm, 0, [&] { return run_episode(*options); });
             }};
 }

@@ -43,7 +43,9 @@ Subcommand add_run_command(CLI::App& app)
             [options, egress] {
                 const std::unique_ptr<EgressHost> proxy = EgressHost::start(*egress, options->vm.request().vsock_uds);
                 if (proxy) {
-                    std::vector<std::string> env = EgressHost::env_entries();
+                    std::vector<std::string> env;
+                    for (const auto& [name, value] : egress_proxy_env())
+                        env.push_back(name + "=" + value);
                     env.insert(env.end(), options->env.begin(), options->env.end());  // the user's win
                     options->env = std::move(env);
                 }

@@ -20,6 +20,14 @@ constexpr uint32_t egress_host_port = 3128;  // the agent's egress_relay.hpp con
 
 } // namespace
 
+std::map<std::string, std::string> egress_proxy_env()
+{
+    const std::string proxy = "http://127.0.0.1:3128";
+    const std::string local = "localhost,127.0.0.1,::1";
+    return {{"HTTP_PROXY", proxy}, {"HTTPS_PROXY", proxy}, {"http_proxy", proxy}, {"https_proxy", proxy},
+            {"NO_PROXY", local},   {"no_proxy", local}};
+}
+
 std::string EgressProxy::socket_for(const std::string& vsock_uds)
 {
     return fmt::format("{}_{}", vsock_uds, egress_host_port);

@@ -18,6 +18,11 @@
 
 namespace agentvm {
 
+// What a guest with a policy gets in every call's environment: the proxy the agent offers on
+// the guest's loopback (guest/agent/egress_relay.hpp), in both spellings tools read, and the
+// guest's own addresses kept off it.
+std::map<std::string, std::string> egress_proxy_env();
+
 struct EgressLimits {
     size_t max_connections = 64;               // open at once
     uint64_t max_bytes = uint64_t{4} << 30;    // both ways, over the sandbox's life

@@ -19,14 +19,6 @@ const char* result_of(const EgressOutcome& outcome)
 
 } // namespace
 
-std::map<std::string, std::string> egress_proxy_env()
-{
-    const std::string proxy = "http://127.0.0.1:3128";
-    const std::string local = "localhost,127.0.0.1,::1";
-    return {{"HTTP_PROXY", proxy}, {"HTTPS_PROXY", proxy}, {"http_proxy", proxy}, {"https_proxy", proxy},
-            {"NO_PROXY", local},   {"no_proxy", local}};
-}
-
 SandboxEgress::SandboxEgress(EventLoop& loop, EgressLimits limits)
     : loop_(loop), limits_(limits), poller_(loop), resolver_(loop)
 {

@@ -16,11 +16,6 @@
 
 namespace agentvm {
 
-// What a sandbox with a policy gets in every call's environment: the proxy the agent offers on
-// the guest's loopback (egress_relay.hpp), in both spellings tools read, and the guest's own
-// addresses kept off it.
-std::map<std::string, std::string> egress_proxy_env();
-
 class SandboxEgress {
 public:
     SandboxEgress(EventLoop& loop, EgressLimits limits);
