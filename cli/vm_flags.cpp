@@ -50,6 +50,10 @@ void add_vm_flags(CLI::App& command, VmOptions& options)
     command.add_flag("--no-jail", request.no_jail,
                      "debugging only: run the VMM without its jail, seccomp filters and cgroup limits "
                      "(a hostile guest then meets fewer walls)");
+    command.add_option("--jail-uid", request.jail_uid,
+                       "the unprivileged uid the VMM becomes in its jail (default: it keeps agentvm's); "
+                       "directories it writes (--vsock-uds's, a snapshot's) must be its group's");
+    command.add_option("--jail-gid", request.jail_gid, "the VMM's gid in its jail (default: --jail-uid's number)");
     command.add_option("--cpu-quota", request.cpu_quota,
                        "host CPU time the VMM may use, in cores (default: one per vCPU; 0: no quota)")
         ->check(bounded_number(max_cpu_quota_cores, "cores"));

@@ -22,7 +22,7 @@ int run_supervised(VmOptions& options, int killed_code, const std::function<int(
     bake_default_snapshot_on_first_use(options);
     if (!options.jailed())
         return body();
-    check_jail_privileges();
+    check_jail_privileges(options.jail_identity().has_value());
     std::optional<VmCgroup> cgroup;
     if (options.wants_cgroup()) {
         cgroup.emplace(VmCgroup::create());

@@ -116,6 +116,12 @@ VmConfig VmOptions::resolve()
         role_ == VmRole::bake || live_snapshots_ ? SeccompRole::io_loop_snapshot : SeccompRole::io_loop;
     if (request_.no_jail)
         spdlog::warn("--no-jail: the VMM runs without its jail, seccomp filters and cgroup limits; use it only to debug");
+    if (request_.no_jail && (request_.jail_uid || request_.jail_gid))
+        throw Error("--jail-uid and --jail-gid are the jail's: they contradict --no-jail");
+    if (request_.jail_gid && !request_.jail_uid)
+        throw Error("--jail-gid needs --jail-uid: the VMM keeps its own uid otherwise");
+    if (request_.jail_uid == 0u || request_.jail_gid == 0u)
+        throw Error("--jail-uid and --jail-gid must not be 0 (root): leave them out to keep the uid agentvm runs as");
     // A default file that is missing is named with where it was looked for, not with a flag
     // the user never gave.
     const GuestLocation guest = default_guest();
@@ -264,10 +270,18 @@ void VmOptions::apply_limits(const VmConfig& config) const
     cgroup_->limit(limits);
 }
 
+std::optional<JailIdentity> VmOptions::jail_identity() const
+{
+    if (!request_.jail_uid)
+        return std::nullopt;
+    return JailIdentity{*request_.jail_uid, request_.jail_gid.value_or(*request_.jail_uid)};
+}
+
 JailSpec VmOptions::jail_spec(const VmConfig& config) const
 {
     JailSpec spec;
     spec.dirs = kept_dirs_;
+    spec.identity = jail_identity();
     if (config.vsock_uds) {
         // The listening socket is removed at exit, and the guest's connections to host port P
         // go to <path>_P: the VMM keeps the socket's directory, writable.

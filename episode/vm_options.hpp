@@ -50,6 +50,10 @@ struct VmRequest {
     std::string template_store;
     bool cold = false;
     bool no_jail = false;
+    // The VMM's own unprivileged uid and gid in its jail (serve gives each VM one); unset: it
+    // keeps the uid it was started with. The gid defaults to the uid.
+    std::optional<uint32_t> jail_uid;
+    std::optional<uint32_t> jail_gid;
     double cpu_quota = -1;         // unset: one core per vCPU
     unsigned cpu_weight = 0;       // unset: the cgroup's default
     int64_t vmm_mem_mib = -1;      // unset: guest memory + vmm_overhead_mib
@@ -93,6 +97,8 @@ public:
     // The jail and the limits (SECURITY.md). Without --no-jail the command's VM runs in a
     // jailed child process (run_jailed); these are for that child.
     bool jailed() const { return !request_.no_jail; }
+    // The identity the VMM takes in its jail, if any (--jail-uid, --jail-gid).
+    std::optional<JailIdentity> jail_identity() const;
     // The cgroup the supervisor made for this VMM, or none: --cpu-quota 0 --vmm-mem 0.
     bool wants_cgroup() const
     {

@@ -4,6 +4,8 @@
 #include <linux/capability.h>
 #include <linux/close_range.h>
 #include <linux/securebits.h>
+#include <grp.h>
+#include <poll.h>
 #include <sched.h>
 #include <signal.h>
 #include <sys/mount.h>
@@ -32,6 +34,9 @@ namespace {
 // namespace only, and the directories to keep are reached through descriptors opened before.
 constexpr const char* staging = "/tmp";
 
+// The supervisor's end of the link the VMM keeps (close_inherited_fds), or -1 outside one.
+int supervisor_link = -1;
+
 void check(int rc, const std::string& what)
 {
     if (rc != 0)
@@ -52,35 +57,77 @@ void set_limit(int resource, uint64_t value, const char* name)
     check(::setrlimit(resource, &limit), fmt::format("setting {} to {}", name, value));
 }
 
-void drop_capabilities()
+// Root keeps no special treatment from here on, for this thread and all it starts, and no
+// capability can come back. The effective set stays, for become() and then clear_capabilities().
+void lock_capabilities()
 {
-    // Root keeps no special treatment from here on, for this thread and all it starts.
+    // SECBIT_NO_SETUID_FIXUP: a uid switch leaves the capability sets as they are, so the
+    // switch may come before clear_capabilities() empties them.
     check(::prctl(PR_SET_SECUREBITS, SECBIT_NOROOT | SECBIT_NOROOT_LOCKED | SECBIT_NO_SETUID_FIXUP |
                                          SECBIT_NO_SETUID_FIXUP_LOCKED | SECBIT_KEEP_CAPS_LOCKED),
           "locking the securebits");
     for (unsigned long cap = 0; ::prctl(PR_CAPBSET_READ, cap) >= 0; ++cap)
         check(::prctl(PR_CAPBSET_DROP, cap), fmt::format("dropping capability {} from the bounding set", cap));
     check(::prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0), "clearing the ambient capabilities");
+}
+
+void clear_capabilities()
+{
     __user_cap_header_struct header{_LINUX_CAPABILITY_VERSION_3, 0};
     __user_cap_data_struct none[_LINUX_CAPABILITY_U32S_3] = {};
     check(static_cast<int>(::syscall(SYS_capset, &header, none)), "dropping every capability");
 }
 
+void become(const JailIdentity& identity)
+{
+    if (identity.uid == 0 || identity.gid == 0)
+        throw Error("jail: the VMM's uid and gid must not be 0");
+    check(::setgroups(0, nullptr), "dropping the supplementary groups");
+    check(::setresgid(identity.gid, identity.gid, identity.gid), fmt::format("becoming gid {}", identity.gid));
+    check(::setresuid(identity.uid, identity.uid, identity.uid), fmt::format("becoming uid {}", identity.uid));
+    // What it creates (live snapshots) its launcher reads through the directory's group.
+    ::umask(007);
+    // A change of uid clears the parent-death signal: set it again, then make sure the
+    // supervisor did not die in between (its end of the link is then closed).
+    check(::prctl(PR_SET_PDEATHSIG, SIGKILL), "setting the parent-death signal again");
+    if (supervisor_link >= 0) {
+        pollfd hangup{supervisor_link, 0, 0};
+        if (::poll(&hangup, 1, 0) < 0 || (hangup.revents & POLLHUP) != 0)
+            ::_exit(1);
+    }
+}
+
+// After become(): each directory kept writable must be writable to the identity, or the VMM
+// would fail later, at its first snapshot or socket, with a less clear error.
+void check_writable(const std::vector<JailDir>& dirs, const JailIdentity& identity)
+{
+    for (const auto& dir : dirs)
+        if (dir.writable && ::access(dir.path.c_str(), W_OK | X_OK) != 0)
+            throw_errno(fmt::format("jail: uid {} gid {} cannot write '{}', which the VMM needs: give it that "
+                                    "group (chgrp {} and chmod g+rwx)",
+                                    identity.uid, identity.gid, dir.path, identity.gid));
+}
+
 } // namespace
 
-void check_jail_privileges()
+void check_jail_privileges(bool switches_identity)
 {
     __user_cap_header_struct header{_LINUX_CAPABILITY_VERSION_3, 0};
     __user_cap_data_struct held[_LINUX_CAPABILITY_U32S_3] = {};
     check(static_cast<int>(::syscall(SYS_capget, &header, held)), "reading this process's capabilities");
-    std::string missing;
-    for (const auto& [cap, name] : {std::pair{CAP_SYS_ADMIN, "CAP_SYS_ADMIN"}, std::pair{CAP_SETPCAP, "CAP_SETPCAP"}})
+    std::vector<std::pair<int, const char*>> needed{{CAP_SYS_ADMIN, "CAP_SYS_ADMIN"}, {CAP_SETPCAP, "CAP_SETPCAP"}};
+    if (switches_identity)
+        needed.insert(needed.end(), {{CAP_SETUID, "CAP_SETUID"}, {CAP_SETGID, "CAP_SETGID"}, {CAP_KILL, "CAP_KILL"}});
+    std::vector<std::string> missing;
+    for (const auto& [cap, name] : needed)
         if ((held[CAP_TO_INDEX(cap)].effective & CAP_TO_MASK(cap)) == 0)
-            missing += std::string(missing.empty() ? "" : " and ") + name;
+            missing.emplace_back(name);
     if (!missing.empty())
-        throw Error(fmt::format("the VMM's jail needs {} (namespaces, pivot_root, the securebits), which root has: "
+        throw Error(fmt::format("the VMM's jail needs {} (namespaces, pivot_root, the securebits{}), which root has: "
                                 "run agentvm as root, give its user the capabilities (deploy/systemd/"
-                                "agentvm-serve.service), or use --no-jail to debug without the jail", missing));
+                                "agentvm-serve.service), or use --no-jail to debug without the jail",
+                                fmt::join(missing, " and "),
+                                switches_identity ? ", the VMM's own uid and gid, signals to it" : ""));
 }
 
 int close_inherited_fds(int keep)
@@ -91,6 +138,7 @@ int close_inherited_fds(int keep)
         Fd(keep).reset();
     }
     check(static_cast<int>(::syscall(SYS_close_range, kept + 1U, ~0U, 0U)), "closing inherited file descriptors");
+    supervisor_link = kept;
     return kept;
 }
 
@@ -98,6 +146,8 @@ void lock_down(const JailSpec& spec)
 {
     // Log lines carry local time; the zone file is out of reach once the root has moved.
     ::tzset();
+    // The new root's directories stay searchable after an identity switch.
+    ::umask(022);
     set_limit(RLIMIT_NOFILE, spec.max_open_files, "RLIMIT_NOFILE");
     if (spec.max_file_bytes > 0) {
         set_limit(RLIMIT_FSIZE, spec.max_file_bytes, "RLIMIT_FSIZE");
@@ -147,7 +197,12 @@ void lock_down(const JailSpec& spec)
           "making the new root read-only");
 
     check(::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "setting no_new_privs");
-    drop_capabilities();
+    lock_capabilities();
+    if (spec.identity)
+        become(*spec.identity);
+    clear_capabilities();
+    if (spec.identity)
+        check_writable(spec.dirs, *spec.identity);
 }
 
 } // namespace agentvm

@@ -55,7 +55,11 @@ void enter_child(const Supervision& supervision, Fd parent)
     const int kept = close_inherited_fds(parent.release());
     if (supervision.cgroup) {
         supervision.cgroup->disown();
-        supervision.cgroup->await_join(Fd(kept));
+        // A copy: the link itself stays open for the VMM's life (lock_down() watches it).
+        Fd joined(::fcntl(kept, F_DUPFD_CLOEXEC, kept + 1));
+        if (!joined)
+            child_failed("keeping the supervisor's link");
+        supervision.cgroup->await_join(std::move(joined));
     }
     // SIGINT, SIGTERM and SIGHUP stay blocked until the VMM takes them through its signalfd
     // (episode/stop_signals.hpp): as PID 1 of its namespace it would ignore them otherwise, and

@@ -30,10 +30,14 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <tuple>
 #include <utility>
 #include <sstream>
 #include <string>
 #include <vector>
+
+#include <fmt/format.h>
+#include <grp.h>
 
 #include "common/error.hpp"
 #include "vmm/cgroup.hpp"
@@ -196,6 +200,112 @@ TEST_CASE("lock_down leaves the kept directory, and nothing else of the host, wi
     CHECK(report.find("no network=ok") != std::string::npos);
 }
 
+namespace {
+
+// Two VMs' identities, from serve's default range (service/vm_users/jail_ids.hpp).
+constexpr JailIdentity first_vm{1879048192 + 101, 1879048192 + 101};
+constexpr JailIdentity second_vm{1879048192 + 102, 1879048192 + 102};
+
+// What serve does with a VM's writable directory: its own, shared with the VM's group.
+void share_with(const fs::path& dir, gid_t gid)
+{
+    REQUIRE(::chown(dir.c_str(), static_cast<uid_t>(-1), gid) == 0);
+    REQUIRE(::chmod(dir.c_str(), 0770) == 0);
+}
+
+// A jailed VMM as `identity` keeping `dir` writable: writes `dir`/file and a report of what
+// it is; the status of its supervise().
+int jailed_as(const JailIdentity& identity, const fs::path& dir)
+{
+    return supervised({}, [&] {
+        JailSpec spec;
+        spec.dirs = {{dir.string(), true}};
+        spec.identity = identity;
+        try {
+            lock_down(spec);
+        } catch (const Error& e) {
+            std::fprintf(stderr, "%s\n", e.what());
+            return 30;
+        }
+        uid_t ruid = 0, euid = 0, suid = 0;
+        gid_t rgid = 0, egid = 0, sgid = 0;
+        ::getresuid(&ruid, &euid, &suid);
+        ::getresgid(&rgid, &egid, &sgid);
+        int death_signal = 0;
+        ::prctl(PR_GET_PDEATHSIG, &death_signal);
+        const mode_t mask = ::umask(0);
+        ::umask(mask);
+        __user_cap_header_struct header{_LINUX_CAPABILITY_VERSION_3, 0};
+        __user_cap_data_struct caps[2] = {};
+        ::syscall(SYS_capget, &header, caps);
+        std::ofstream(dir / "file") << "secret";
+        std::ofstream report(dir / "report");
+        report << fmt::format("uid {} {} {} gid {} {} {} groups {} pdeathsig {} umask {:o} caps {}\n", ruid, euid,
+                              suid, rgid, egid, sgid, ::getgroups(0, nullptr), death_signal, mask,
+                              caps[0].permitted | caps[1].permitted | caps[0].effective | caps[1].effective);
+        return 0;
+    });
+}
+
+// Whether a process with `identity` (and no other group) can open `path` for reading.
+bool readable_as(const JailIdentity& identity, const fs::path& path)
+{
+    return in_test_process([&] {
+               if (::setgroups(0, nullptr) != 0 || ::setresgid(identity.gid, identity.gid, identity.gid) != 0 ||
+                   ::setresuid(identity.uid, identity.uid, identity.uid) != 0)
+                   return 2;
+               const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+               if (fd < 0)
+                   return errno == EACCES ? 1 : 3;
+               ::close(fd);
+               return 0;
+           }) == 0;
+}
+
+} // namespace
+
+TEST_CASE("with an identity, each VMM is its own unprivileged uid and gid, and another VM's files are closed to it")
+{
+    TempDir first, second;
+    share_with(first.path, first_vm.gid);
+    share_with(second.path, second_vm.gid);
+    REQUIRE(jailed_as(first_vm, first.path) == 0);
+    REQUIRE(jailed_as(second_vm, second.path) == 0);
+    CHECK(slurp(first.path / "report") ==
+          fmt::format("uid {0} {0} {0} gid {1} {1} {1} groups 0 pdeathsig {2} umask 7 caps 0\n", first_vm.uid,
+                      first_vm.gid, SIGKILL));
+    struct stat st {};
+    REQUIRE(::stat((first.path / "file").c_str(), &st) == 0);
+    CHECK(st.st_uid == first_vm.uid);
+    CHECK(st.st_gid == first_vm.gid);
+    CHECK((st.st_mode & 07777) == 0660);
+    CHECK(readable_as(first_vm, first.path / "file"));
+    CHECK_FALSE(readable_as(first_vm, second.path / "file"));
+    CHECK_FALSE(readable_as(second_vm, first.path / "file"));
+}
+
+TEST_CASE("with an identity, a kept directory it cannot write is named, and its supervisor can still kill it")
+{
+    TempDir unshared;
+    REQUIRE(::chmod(unshared.path.c_str(), 0700) == 0);
+    CHECK(jailed_as(first_vm, unshared.path) == 30);
+
+    TempDir kept;
+    share_with(kept.path, first_vm.gid);
+    Supervision supervision;
+    supervision.hard_deadline = std::chrono::milliseconds(300);
+    supervision.killed_code = 66;
+    CHECK(supervised(supervision, [&] {
+              JailSpec spec;
+              spec.dirs = {{kept.path.string(), true}};
+              spec.identity = first_vm;
+              lock_down(spec);
+              for (;;)
+                  ::pause();
+              return 0;
+          }) == 66);
+}
+
 TEST_CASE("the VMM's cgroup holds it, enforces its memory limit, and is removed after it")
 {
     const int status = in_test_process([&] {
@@ -278,12 +388,16 @@ TEST_CASE("a group left by a supervisor that was killed is removed by the next o
     }
 }
 
-TEST_CASE("the jail's privileges: root has them; without CAP_SYS_ADMIN or CAP_SETPCAP the start is refused, naming it")
+TEST_CASE("the jail's privileges: root has them; without one the start is refused, naming it")
 {
     CHECK_NOTHROW(check_jail_privileges());
-    for (const auto& [cap, name] : {std::pair{CAP_SYS_ADMIN, "CAP_SYS_ADMIN"}, std::pair{CAP_SETPCAP, "CAP_SETPCAP"}}) {
+    CHECK_NOTHROW(check_jail_privileges(true));
+    for (const auto& [cap, name, identity] :
+         {std::tuple{CAP_SYS_ADMIN, "CAP_SYS_ADMIN", false}, std::tuple{CAP_SETPCAP, "CAP_SETPCAP", false},
+          std::tuple{CAP_SETUID, "CAP_SETUID", true}, std::tuple{CAP_SETGID, "CAP_SETGID", true},
+          std::tuple{CAP_KILL, "CAP_KILL", true}}) {
         CAPTURE(name);
-        const int status = in_test_process([cap = cap, name = name] {
+        const int status = in_test_process([cap = cap, name = name, identity = identity] {
             __user_cap_header_struct header{_LINUX_CAPABILITY_VERSION_3, 0};
             __user_cap_data_struct held[_LINUX_CAPABILITY_U32S_3] = {};
             if (::syscall(SYS_capget, &header, held) != 0)
@@ -291,8 +405,22 @@ TEST_CASE("the jail's privileges: root has them; without CAP_SYS_ADMIN or CAP_SE
             held[CAP_TO_INDEX(cap)].effective &= ~CAP_TO_MASK(cap);
             if (::syscall(SYS_capset, &header, held) != 0)
                 return 3;
+            if (!identity) {
+                try {
+                    check_jail_privileges(false);
+                } catch (const Error& e) {
+                    return std::string(e.what()).find(name) != std::string::npos ? 0 : 4;
+                }
+                return 5;
+            }
+            // Needed only for a VMM that switches its identity.
             try {
-                check_jail_privileges();
+                check_jail_privileges(false);
+            } catch (const Error&) {
+                return 6;
+            }
+            try {
+                check_jail_privileges(true);
             } catch (const Error& e) {
                 return std::string(e.what()).find(name) != std::string::npos ? 0 : 4;
             }
