@@ -19,6 +19,7 @@
 #include "service/serve.hpp"
 #include "service/systemd/delegated_cgroup.hpp"
 #include "service/systemd/listen_fds.hpp"
+#include "service/vm_users/jail_ids.hpp"
 
 namespace {
 
@@ -185,6 +186,13 @@ int main(int argc, char** argv)
                    "connections are cut and new ones answered 429")
         ->capture_default_str()
         ->check(CLI::Range(uint64_t{1}, uint64_t{1} << 50));
+    std::string jail_uid_range =
+        fmt::format("{}:{}", default_jail_id_range.first, default_jail_id_range.count);
+    app.add_option("--jail-uid-range", jail_uid_range,
+                   "FIRST:COUNT: the uids each VMM runs as, one of its own per running VM (its gid the same "
+                   "number), so that a VMM a guest took over reads no other VM's files; none: VMMs keep serve's "
+                   "uid")
+        ->capture_default_str();
     bool delegated_cgroup = false;
     app.add_flag("--delegated-cgroup", delegated_cgroup,
                  "make the VMs' cgroups inside serve's own, which systemd delegated to it (Delegate=yes): serve "
@@ -211,6 +219,11 @@ int main(int argc, char** argv)
                 if (other.name == pool.name)
                     throw Error(fmt::format("--pool {}: the pool {} is given twice", text, pool.name));
             config.sandboxes.pools.push_back(std::move(pool));
+        }
+        config.sandboxes.jail_ids = parse_jail_id_range(jail_uid_range);
+        if (config.sandboxes.jail_ids) {
+            check_jail_id_privileges();
+            check_no_accounts_in(*config.sandboxes.jail_ids);
         }
         if (delegated_cgroup)
             enter_delegated_cgroup();

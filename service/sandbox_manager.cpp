@@ -9,6 +9,7 @@
 
 #include "common/error.hpp"
 #include "service/sandbox_ids.hpp"
+#include "service/vm_users/vm_dir_sharing.hpp"
 #include "service/vm_priority.hpp"
 
 namespace agentvm {
@@ -42,6 +43,7 @@ SandboxManager::SandboxManager(EventLoop& loop, ManagerConfig config, HostProbes
       pools_(config_.pools, config_.refill_concurrency, config_.pool_warmup, admission_,
              [this](Pool& pool) { start_vm(pool, true); }, probes_.now),
       snapshots_(config_.state_dir, config_.paused_retention, *this, pools_, admission_),
+      jail_ids_(config_.jail_ids ? std::optional<JailIds>(*config_.jail_ids) : std::nullopt),
       egress_(loop_, config_.egress_limits), bury_timer_(loop_, [this] { graveyard_.clear(); }), sweep_timer_(loop_, [this] { sweep(); }),
       drain_timer_(loop_, [this] {
           drain_grace_over_ = true;
@@ -79,24 +81,43 @@ std::string SandboxManager::new_id() const
 SandboxManager::Vm& SandboxManager::start_vm(Pool& pool, bool for_pool)
 {
     std::vector<std::string> args = pool.config.episode_args;
-    // Each VM writes its live snapshots into a directory of its own, the only one its jail
-    // keeps writable: a VMM a guest took over can write no other sandbox's snapshots.
-    std::string outbox = snapshots_.new_outbox();
-    if (!outbox.empty())
-        args.insert(args.end(), {"--snapshot-dir", outbox});
-    if (for_pool && cpu_weights_)
-        args.insert(args.end(), {"--cpu-weight", std::to_string(pool_cpu_weight)});
-    // Its guest's ports are reached through its VMM's end of vsock (service/ports/).
+    // What is made for the VM below goes again if it cannot be started.
+    std::string outbox;
     std::string socket_dir;
-    try {
-        socket_dir = socket_dirs_.make();
-    } catch (const Error&) {
+    std::optional<uint32_t> jail_id;
+    const auto undo = [&] {
         snapshots_.remove_outbox(outbox);
-        throw;
-    }
-    args.insert(args.end(), {"--vsock-uds", GuestSocketDirs::socket_in(socket_dir)});
+        if (!socket_dir.empty())
+            socket_dirs_.remove(socket_dir);
+        if (jail_id)
+            jail_ids_->give_back(*jail_id);
+    };
     std::shared_ptr<Sandbox> sandbox;
     try {
+        // Its VMM's own uid and gid: it reads no other VM's files and signals no other VMM.
+        if (jail_ids_) {
+            jail_id = jail_ids_->take();
+            if (!jail_id)
+                throw Error(fmt::format("every uid of --jail-uid-range ({}) belongs to a running VM",
+                                        config_.jail_ids->count));
+            const std::string id = std::to_string(*jail_id);
+            args.insert(args.end(), {"--jail-uid", id, "--jail-gid", id});
+        }
+        // Each VM writes its live snapshots into a directory of its own, the only one its jail
+        // keeps writable: a VMM a guest took over can write no other sandbox's snapshots.
+        outbox = snapshots_.new_outbox();
+        if (!outbox.empty()) {
+            if (jail_id)
+                share_with_vm(outbox, *jail_id, 0770);
+            args.insert(args.end(), {"--snapshot-dir", outbox});
+        }
+        if (for_pool && cpu_weights_)
+            args.insert(args.end(), {"--cpu-weight", std::to_string(pool_cpu_weight)});
+        // Its guest's ports are reached through its VMM's end of vsock (service/ports/).
+        socket_dir = socket_dirs_.make();
+        if (jail_id)
+            share_with_vm(socket_dir, *jail_id, 0770);
+        args.insert(args.end(), {"--vsock-uds", GuestSocketDirs::socket_in(socket_dir)});
         sandbox = std::make_shared<Sandbox>(
             loop_, pool.config.name, config_.program, args, config_.history_limit,
             Sandbox::Hooks{[this](Sandbox& s, bool) { on_ready(s); },
@@ -105,8 +126,7 @@ SandboxManager::Vm& SandboxManager::start_vm(Pool& pool, bool for_pool)
                                on_call_answered(answer, took.count());
                            }});
     } catch (const Error&) {
-        snapshots_.remove_outbox(outbox);
-        socket_dirs_.remove(socket_dir);
+        undo();
         throw;
     }
     sandbox->set_guest_socket(GuestSocketDirs::socket_in(socket_dir));
@@ -115,6 +135,7 @@ SandboxManager::Vm& SandboxManager::start_vm(Pool& pool, bool for_pool)
     vm.sandbox = std::move(sandbox);
     vm.outbox = std::move(outbox);
     vm.socket_dir = std::move(socket_dir);
+    vm.jail_id = jail_id;
     vm.pool = &pool;
     vm.refill = for_pool;
     vm.low_weight = for_pool && cpu_weights_;
@@ -211,7 +232,7 @@ void SandboxManager::open_egress(Vm& vm, Sandbox::Settings& settings)
     if (!policy.allows_any())
         return;
     try {
-        egress_.open(sandbox, std::move(policy));
+        open_egress_proxy(vm, std::move(policy));
     } catch (const Error& e) {
         // The sandbox goes on without it: its tools get the agent's "no egress" answer.
         spdlog::error("sandbox {}: no egress proxy: {}", settings.id, e.what());
@@ -219,6 +240,19 @@ void SandboxManager::open_egress(Vm& vm, Sandbox::Settings& settings)
     }
     for (auto& [name, value] : egress_proxy_env())
         settings.env.try_emplace(name, value);  // the user's own setting wins
+}
+
+void SandboxManager::open_egress_proxy(Vm& vm, EgressPolicy policy)
+{
+    egress_.open(*vm.sandbox, std::move(policy));
+    if (vm.jail_id) {
+        try {
+            share_with_vm(EgressProxy::socket_for(vm.sandbox->guest_socket()), *vm.jail_id, 0660);
+        } catch (const Error&) {
+            egress_.close(*vm.sandbox);
+            throw;
+        }
+    }
 }
 
 void SandboxManager::change_egress(Sandbox& sandbox, EgressRules rules)
@@ -230,7 +264,7 @@ void SandboxManager::change_egress(Sandbox& sandbox, EgressRules rules)
     } else if (EgressProxy* proxy = egress_.find(sandbox)) {
         proxy->set_policy(std::move(policy));
     } else {
-        egress_.open(sandbox, std::move(policy));
+        open_egress_proxy(vms_.at(&sandbox), std::move(policy));
         env = egress_proxy_env();
     }
     sandbox.change_egress(std::move(rules), env);
@@ -276,6 +310,8 @@ void SandboxManager::on_exit(Sandbox& sandbox, const std::string& why)
     egress_.close(sandbox);
     snapshots_.remove_outbox(vm.outbox);
     socket_dirs_.remove(vm.socket_dir);
+    if (vm.jail_id)
+        jail_ids_->give_back(*vm.jail_id);
     graveyard_.push_back(std::move(vm.sandbox));
     bury_timer_.arm(std::chrono::nanoseconds(1));
     if (admission_.closed())

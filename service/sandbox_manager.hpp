@@ -27,6 +27,7 @@
 #include "service/sandbox.hpp"
 #include "service/sandbox_metrics.hpp"
 #include "service/sandbox_snapshots.hpp"
+#include "service/vm_users/jail_ids.hpp"
 
 namespace agentvm {
 
@@ -61,6 +62,9 @@ struct ManagerConfig {
     // --egress-deny; checked before), and the limits of every sandbox's egress proxy.
     EgressRules egress_default;
     EgressLimits egress_limits;
+    // The uids (and gids) its VMMs run as, one per VM (--jail-uid-range;
+    // service/vm_users/jail_ids.hpp); none: they keep serve's own.
+    std::optional<JailIdRange> jail_ids;
 };
 
 // What the manager reads of the host, which tests replace: the time its sweep expires
@@ -158,6 +162,7 @@ private:
         Sandbox::Clock::time_point requested{};
         std::string outbox;  // where its VMM writes live snapshots (SandboxSnapshots::new_outbox), if any
         std::string socket_dir;  // where its VMM's end of vsock listens (GuestSocketDirs)
+        std::optional<uint32_t> jail_id;  // its VMM's uid and gid (ManagerConfig::jail_ids)
     };
 
     // SandboxSnapshots::Registry
@@ -179,6 +184,8 @@ private:
     // The sandbox's egress proxy, and its proxy settings in `settings.env`, if its policy
     // allows anything.
     void open_egress(Vm& vm, Sandbox::Settings& settings);
+    // Starts the VM's egress proxy, its socket shared with the VM's own gid. Throws Error.
+    void open_egress_proxy(Vm& vm, EgressPolicy policy);
     void sweep();
     // A sandbox past its lifetime or idle time: ended, or paused when its settings say so.
     void expire(Sandbox& sandbox, const std::string& why);
@@ -200,6 +207,7 @@ private:
     std::deque<std::string> ended_order_;
     std::set<std::string> auto_pausing_;  // expired sandboxes whose pause is under way
     GuestSocketDirs socket_dirs_;
+    std::optional<JailIds> jail_ids_;
     std::vector<std::shared_ptr<Sandbox>> graveyard_;
     // After vms_ and graveyard_: its proxies, which hold their sandboxes, go first.
     SandboxEgress egress_;  // destroyed on the next turn of the loop

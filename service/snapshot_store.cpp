@@ -17,6 +17,7 @@
 #include <spdlog/spdlog.h>
 
 #include "common/error.hpp"
+#include "service/vm_users/vm_dir_sharing.hpp"
 
 namespace agentvm {
 namespace {
@@ -308,6 +309,11 @@ void SnapshotStore::remove_outbox(const std::string& outbox)
     if (fs::path(outbox).parent_path() != fs::path(outbox_dir_))
         return;
     std::error_code ec;
+    try {
+        reclaim_tree(outbox);  // what a VMM of its own uid left there
+    } catch (const Error& e) {
+        spdlog::error("removing a VM's snapshot outbox: {}", e.what());
+    }
     fs::remove_all(outbox, ec);
     if (ec)
         spdlog::error("removing a VM's snapshot outbox '{}': {}", outbox, ec.message());
@@ -323,6 +329,8 @@ SnapshotHold SnapshotStore::take_from_outbox(const std::string& outbox, const st
     struct stat st {};
     if (::lstat(written.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
         throw Error(fmt::format("the episode's snapshot '{}' is not a directory", written));
+    // Written by a VMM that may run as its own uid: serve's before it is read or moved.
+    reclaim_tree(written);
     const std::string target = snapshots_dir_ + "/" + name;
     if (::rename(written.c_str(), target.c_str()) != 0)
         throw_errno(fmt::format("moving snapshot '{}' to '{}'", written, target));

@@ -24,6 +24,7 @@
 
 #include <fmt/format.h>
 
+#include "common/capabilities.hpp"
 #include "common/error.hpp"
 #include "common/fd.hpp"
 
@@ -112,16 +113,10 @@ void check_writable(const std::vector<JailDir>& dirs, const JailIdentity& identi
 
 void check_jail_privileges(bool switches_identity)
 {
-    __user_cap_header_struct header{_LINUX_CAPABILITY_VERSION_3, 0};
-    __user_cap_data_struct held[_LINUX_CAPABILITY_U32S_3] = {};
-    check(static_cast<int>(::syscall(SYS_capget, &header, held)), "reading this process's capabilities");
-    std::vector<std::pair<int, const char*>> needed{{CAP_SYS_ADMIN, "CAP_SYS_ADMIN"}, {CAP_SETPCAP, "CAP_SETPCAP"}};
+    std::vector<Capability> needed{{CAP_SYS_ADMIN, "CAP_SYS_ADMIN"}, {CAP_SETPCAP, "CAP_SETPCAP"}};
     if (switches_identity)
         needed.insert(needed.end(), {{CAP_SETUID, "CAP_SETUID"}, {CAP_SETGID, "CAP_SETGID"}, {CAP_KILL, "CAP_KILL"}});
-    std::vector<std::string> missing;
-    for (const auto& [cap, name] : needed)
-        if ((held[CAP_TO_INDEX(cap)].effective & CAP_TO_MASK(cap)) == 0)
-            missing.emplace_back(name);
+    const std::vector<std::string> missing = missing_capabilities(needed);
     if (!missing.empty())
         throw Error(fmt::format("the VMM's jail needs {} (namespaces, pivot_root, the securebits{}), which root has: "
                                 "run agentvm as root, give its user the capabilities (deploy/systemd/"
