@@ -11,7 +11,8 @@ LISTEN_FDNAMES), listens on a NOTIFY_SOCKET and, on cgroup v2, delegates a cgrou
 as Delegate=yes does. Then it checks that serve
   - reports READY=1 from its main process, and runs with the unit's uid, groups and capabilities;
   - answers /healthz on the socket, creates a sandbox and runs an exec in it (on cgroup v2 the
-    VMM's cgroup inside the delegated one, serve itself in its leaf "serve");
+    VMM's cgroup inside the delegated one, serve itself in its leaf "serve"), its VMM a uid and
+    gid of the jail's range with no groups and no capabilities;
   - on SIGHUP (ExecReload) reports STOPPING=1, drains and exits 0; started again on the same
     socket, it answers a request a client sent while no serve ran.
 
@@ -337,6 +338,37 @@ def stop(proc, within=120):
             proc.wait()
 
 
+# serve's default --jail-uid-range (service/vm_users/jail_ids.hpp).
+JAIL_IDS = range(1879048192, 1879048192 + 65536)
+
+
+def descendants(pid):
+    found = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                children = [int(c) for c in f.read().split()]
+        except FileNotFoundError:
+            continue
+        for child in children:
+            found += [child] + descendants(child)
+    return found
+
+
+def vmm_identity(serve_pid, serve_uid):
+    """Checks that serve's VMM (its episode process's child) runs as a uid and gid of its own
+    from the jail's range, with no groups and no capabilities."""
+    vmms = [p for p in descendants(serve_pid) if status_field(p, "Uid")[0] != str(serve_uid)]
+    expect(len(vmms) == 1, f"serve's processes of another uid than {serve_uid}: {vmms}")
+    uids = status_field(vmms[0], "Uid")
+    gids = status_field(vmms[0], "Gid")
+    expect(len(set(uids)) == 1 and int(uids[0]) in JAIL_IDS, f"the VMM's uids {uids}, not one of the jail's")
+    expect(gids == uids, f"the VMM's gids {gids}, not its uid {uids[0]}")
+    expect(status_field(vmms[0], "Groups") == [], f"the VMM's groups {status_field(vmms[0], 'Groups')}")
+    expect(int(status_field(vmms[0], "CapEff")[0], 16) == 0, "the VMM holds capabilities")
+    return f"its VMM runs as uid and gid {uids[0]}, no groups, no capabilities"
+
+
 def check(serve_bin, agentvm_bin, user=None, unit_dir=DEFAULT_UNIT_DIR, conf_path=None, stand_in=False):
     """Runs every check; returns what was seen, raises Failed on the first failure."""
     expect(os.geteuid() == 0, "plays systemd: run as root")
@@ -384,6 +416,8 @@ def check(serve_bin, agentvm_bin, user=None, unit_dir=DEFAULT_UNIT_DIR, conf_pat
         if not stand_in:
             expect(answer.get("stdout") == "hello from a unit\n", f"exec's stdout: {answer}")
         seen.append("/healthz ok, a sandbox's exec " + ("answered" if stand_in else "printed its line"))
+        if not stand_in:
+            seen.append(vmm_identity(proc.pid, systemd.uid))
 
         if systemd.cgroup and not stand_in:
             relative = systemd.cgroup[len(CGROUP_ROOT):]

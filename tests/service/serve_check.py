@@ -27,6 +27,7 @@ from checks import expect, rises, run_case  # noqa: E402
 from serve_client import Serve, UnixConnection, call, json_error  # noqa: E402
 import guest_egress_case  # noqa: E402
 import guest_ports_case  # noqa: E402
+import vm_users_case  # noqa: E402
 
 SERVE = sys.argv[1]
 TMP = tempfile.mkdtemp(prefix="agentvm-serve-vm-")
@@ -1097,6 +1098,10 @@ def guest_egress():
     return guest_egress_case.run(create, delete, exec_, metrics)
 
 
+def vm_users():
+    return vm_users_case.run(STATE["serve_pid"], create, delete)
+
+
 # The test host's guest files are set-up's, linked from build/guest/ into root's cache, and
 # /root is 0700; a package installs them where any user reads them. In a mount namespace of the
 # case's own, /root is an empty tmpfs of mode 0755 with only .cache (root's own, bound back)
@@ -1127,7 +1132,7 @@ def serve_unit():
 
 SHARED = [pool_warm_and_cold, state_within_not_across, big_file_both_ways, streaming, timeouts, vm_killed,
           errors, run_code, code_cancel_file_info, run_jupyter, fusion_limits, metrics_match, guest_ports,
-          guest_egress]
+          guest_egress, vm_users]
 # After the shared serve has stopped: these count every agentvm process of the machine.
 ALONE = [drain_with_call_in_flight, soak_no_leaks, kill9_leaves_nothing, memory_reserve_refuses, pool_warmup,
          plan_calibrates, fork_pause_resume, hostile_guest, serve_unit]
