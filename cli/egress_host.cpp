@@ -5,6 +5,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -65,7 +66,8 @@ void log_outcome(const EgressOutcome& outcome)
 
 } // namespace
 
-std::unique_ptr<EgressHost> EgressHost::start(const EgressFlags& flags, std::string& vsock_uds)
+std::unique_ptr<EgressHost> EgressHost::start(const EgressFlags& flags, std::string& vsock_uds,
+                                              const std::optional<JailIdentity>& vm_identity)
 {
     EgressPolicy policy;
     try {
@@ -103,6 +105,16 @@ std::unique_ptr<EgressHost> EgressHost::start(const EgressFlags& flags, std::str
     char byte = 0;
     if (::poll(&polled, 1, ready_patience_ms) != 1 || ::read(ready_read.get(), &byte, 1) != 1)
         throw Error(fmt::format("the egress proxy did not start listening at {} (its log is above)", host->socket_));
+    // A VMM of its own gid reaches the socket through the private directory's group.
+    const auto share = [&](const std::string& path, mode_t mode) {
+        if (::chown(path.c_str(), static_cast<uid_t>(-1), vm_identity->gid) != 0 || ::chmod(path.c_str(), mode) != 0)
+            throw_errno(fmt::format("giving '{}' to the VMM's group {}", path, vm_identity->gid));
+    };
+    if (vm_identity) {
+        if (!host->temporary_dir_.empty())
+            share(host->temporary_dir_, 0770);
+        share(host->socket_, 0660);
+    }
     spdlog::debug("egress: {} (proxy at {})", policy.describe(), host->socket_);
     return host;
 }

@@ -10,11 +10,14 @@
 #include <sys/types.h>
 #include <unistd.h>
 
+#include <optional>
+
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "service/egress/egress_proxy.hpp"
+#include "vmm/jail.hpp"
 
 namespace CLI {
 class App;
@@ -35,8 +38,10 @@ class EgressHost {
 public:
     // Checks the rules (Error naming the bad one), forks the proxy process and waits until it
     // listens; sets `vsock_uds` when it is empty. Call while this process has no other thread.
-    // Returns null when `flags` allow nothing.
-    static std::unique_ptr<EgressHost> start(const EgressFlags& flags, std::string& vsock_uds);
+    // Returns null when `flags` allow nothing. `vm_identity`: the VMM's own (--jail-uid), whose
+    // gid is given the private directory and the proxy's socket.
+    static std::unique_ptr<EgressHost> start(const EgressFlags& flags, std::string& vsock_uds,
+                                             const std::optional<JailIdentity>& vm_identity);
     // Ends the proxy process and removes what it made.
     ~EgressHost();
     EgressHost(const EgressHost&) = delete;

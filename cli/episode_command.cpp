@@ -38,7 +38,8 @@ Subcommand add_episode_command(CLI::App& app)
                       "once the guest agent answers, write {\"event\":\"ready\",\"restored\":BOOL} as the "
                       "first line on stdout (for a pool that keeps episodes ready)");
     return {episode, [options, egress] {
-                const std::unique_ptr<EgressHost> proxy = EgressHost::start(*egress, options->vm.request().vsock_uds);
+                const std::unique_ptr<EgressHost> proxy = EgressHost::start(*egress, options->vm.request().vsock_uds,
+                                                                            options->vm.jail_identity());
                 if (proxy)
                     options->env.merge(egress_proxy_env());
                 return run_supervised(options->vm, 0, [&] { return run_episode(*options); });

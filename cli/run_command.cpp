@@ -41,7 +41,8 @@ Subcommand add_run_command(CLI::App& app)
     run->add_option("command", options->argv, "the command and its arguments, after --");
     return {run,
             [options, egress] {
-                const std::unique_ptr<EgressHost> proxy = EgressHost::start(*egress, options->vm.request().vsock_uds);
+                const std::unique_ptr<EgressHost> proxy = EgressHost::start(*egress, options->vm.request().vsock_uds,
+                                                                            options->vm.jail_identity());
                 if (proxy) {
                     std::vector<std::string> env;
                     for (const auto& [name, value] : egress_proxy_env())

@@ -8,10 +8,12 @@ failed.
 import http.server
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
 import threading
+import time
 
 from checks import expect, run_case
 
@@ -154,8 +156,9 @@ def nothing_left_behind():
     return "3 runs: TMPDIR empty, no agentvm process left"
 
 
-def egress():
-    # A web server of the test's on 127.0.0.2, the outside the guest reaches only by policy.
+def outside_server():
+    """A web server of the test's on 127.0.0.2, the outside the guest reaches only by policy;
+    returns it and its URL."""
     class Hello(http.server.BaseHTTPRequestHandler):
         def log_message(self, *args):
             pass
@@ -168,7 +171,11 @@ def egress():
 
     server = http.server.ThreadingHTTPServer(("127.0.0.2", 0), Hello)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    url = f"http://127.0.0.2:{server.server_address[1]}/hello"
+    return server, f"http://127.0.0.2:{server.server_address[1]}/hello"
+
+
+def egress():
+    server, url = outside_server()
     tmp = tempfile.mkdtemp(prefix="agentvm-egress-")
     env = dict(os.environ, TMPDIR=tmp)
     try:
@@ -196,8 +203,65 @@ def egress():
            "without a policy; a bad rule named; TMPDIR empty after"
 
 
+def processes_of(uid):
+    """pid -> /proc/PID/status fields of every process running as uid."""
+    found = {}
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{entry}/status") as f:
+                fields = dict(line.rstrip("\n").split(":\t", 1) for line in f if ":\t" in line)
+        except OSError:
+            continue
+        if fields.get("Uid", "").split()[:1] == [str(uid)]:
+            found[int(entry)] = fields
+    return found
+
+
+def jail_uid():
+    """--jail-uid: the VMM runs as that uid and gid, with no capabilities, and still reaches
+    the outside through --egress-allow's proxy; root is refused, as is --no-jail with it, and a
+    --vsock-uds directory the uid cannot write is named."""
+    uid = 1879048192 + 60000
+    server, url = outside_server()
+    tmp = tempfile.mkdtemp(prefix="agentvm-jail-uid-")
+    env = dict(os.environ, TMPDIR=tmp)
+    try:
+        proc = subprocess.Popen([AGENTVM, "run", "--jail-uid", str(uid), "--egress-allow", "127.0.0.2", "--", "sh",
+                                 "-c", f"sleep 3; curl -sS {url}"], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, env=env)
+        seen = {}
+        while not seen and proc.poll() is None:
+            seen = processes_of(uid)
+            time.sleep(0.05)
+        out, err = proc.communicate(timeout=600)
+        expect(proc.returncode == 0 and out == b"hello from outside", f"{proc.returncode} {out!r} {err[-2000:]!r}")
+        expect(len(seen) == 1, f"processes of uid {uid} while it ran: {seen}")
+        vmm = next(iter(seen.values()))
+        expect(vmm["Uid"].split() == [str(uid)] * 4 and vmm["Gid"].split() == [str(uid)] * 4,
+               f"the VMM's ids: Uid {vmm['Uid']} Gid {vmm['Gid']}")
+        expect(int(vmm["CapEff"], 16) == 0 and vmm["Groups"].strip() == "", f"the VMM: {vmm}")
+        r = run("--jail-uid", "0", "--", "true", env=env)
+        expect(r.returncode != 0 and b"--jail-uid" in r.stderr and b"root" in r.stderr, f"uid 0: {r.stderr!r}")
+        r = run("--no-jail", "--jail-uid", str(uid), "--", "true", env=env)
+        expect(r.returncode != 0 and b"--no-jail" in r.stderr, f"with --no-jail: {r.stderr!r}")
+        closed = tempfile.mkdtemp(prefix="agentvm-closed-")
+        try:
+            r = run("--jail-uid", str(uid), "--vsock-uds", os.path.join(closed, "vsock"), "--", "true", env=env)
+        finally:
+            shutil.rmtree(closed)
+        expect(r.returncode != 0 and b"cannot write" in r.stderr and closed.encode() in r.stderr,
+               f"an unwritable --vsock-uds directory: {r.returncode} {r.stderr[-2000:]!r}")
+        expect(os.listdir(tmp) == [], f"left in TMPDIR: {os.listdir(tmp)}")
+    finally:
+        server.shutdown()
+        server.server_close()
+    os.rmdir(tmp)
+    return (f"the VMM ran as uid and gid {uid}, no groups, no capabilities, and reached 127.0.0.2 through the "
+            "proxy; uid 0, --no-jail with it and an unwritable --vsock-uds directory refused, named")
+
+
 CASES = [streams_and_status, order_and_binary, shell_env_workdir_stdin, own_statuses, disk_size, guest_pids,
-         big_output, closed_stdout, nothing_left_behind, egress]
+         big_output, closed_stdout, nothing_left_behind, egress, jail_uid]
 
 
 def main():
