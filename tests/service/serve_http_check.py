@@ -287,6 +287,37 @@ def tcp_needs_token():
     return f"{len(cases)} bad set-ups refused by name (exit 1); --no-auth served on 127.0.0.1 only"
 
 
+def jail_uid_range_checked():
+    """--jail-uid-range: bad ranges, one holding a host account, and a serve lacking the
+    capabilities are refused by name; none starts serve with VMMs of its own uid."""
+    cases = [
+        (["--jail-uid-range", "x"], b"FIRST:COUNT"),
+        (["--jail-uid-range", "0:5"], b"root"),
+        (["--jail-uid-range", "2147483000:1000"], b"past 2147483647"),
+        (["--jail-uid-range", "1:1"], b"(uid 1)"),
+    ]
+    for args, said in cases:
+        r = subprocess.run([SERVE, "--listen", f"unix:{TMP}/jail.sock", *args], stdin=subprocess.DEVNULL,
+                           capture_output=True, timeout=10)
+        expect(r.returncode != 0 and said in r.stderr, f"{args}: exit {r.returncode}, stderr {r.stderr!r}")
+    # As nobody, without capabilities: the default range needs them.
+    r = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", SERVE, "--listen",
+                        f"unix:{TMP}/jail.sock", "--state-dir", f"{TMP}/nobody-state"], stdin=subprocess.DEVNULL,
+                       capture_output=True, timeout=10)
+    expect(r.returncode != 0 and b"CAP_CHOWN" in r.stderr and b"--jail-uid-range none" in r.stderr,
+           f"without capabilities: exit {r.returncode}, stderr {r.stderr!r}")
+    path = os.path.join(TMP, "none.sock")
+    serve = Serve("--listen", f"unix:{path}", "--jail-uid-range", "none")
+    try:
+        serve.wait_listening(lambda: UnixConnection(path))
+        status, _, _ = call(UnixConnection(path), "GET", "/healthz")
+        expect(status == 200, f"--jail-uid-range none: /healthz {status}")
+    finally:
+        serve.stop()
+    return (f"{len(cases)} bad ranges and a serve without the capabilities refused by name; "
+            "--jail-uid-range none served")
+
+
 def token_auth():
     port = free_port()
     token_file = os.path.join(TMP, "token")
@@ -444,7 +475,7 @@ def lost_sandboxes_and_the_front_door():
 
 def main():
     results = [run_case(case.__name__, case) for case in
-               [unix_listener, tcp_needs_token, token_auth, limits_and_garbage, state_dir_in_use, non_utf8_file_paths,
+               [unix_listener, tcp_needs_token, jail_uid_range_checked, token_auth, limits_and_garbage, state_dir_in_use, non_utf8_file_paths,
                 unknown_transfer_coding, deep_bodies, no_auth_local_clients_only,
                 lost_sandboxes_and_the_front_door]]
     shutil.rmtree(TMP, ignore_errors=True)
