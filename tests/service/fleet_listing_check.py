@@ -46,8 +46,9 @@ class Node:
                 "--pool", "default=0"]
         for peer in peers:
             args += ["--peer", peer]
+        # TMPDIR: what a node killed with SIGKILL leaves (its VMs' socket directory) goes with TMP.
         self.serve = Serve(os.path.join(bin_dir, "agentvm-serve"), *args, log_level="info",
-                           log_path=os.path.join(TMP, f"{name}.log"))
+                           log_path=os.path.join(TMP, f"{name}.log"), env=dict(os.environ, TMPDIR=TMP))
         self.serve.wait_listening(self.http)
 
     def http(self, timeout=30):

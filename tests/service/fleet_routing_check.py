@@ -82,7 +82,9 @@ class Node:
             args += ["--peers-file", self.peers_file]
         self.serve = serve_client.Serve(os.path.join(self.bin_dir, "agentvm-serve"), *args, log_level="info",
                                         state_dir=self.state_dir,
-                                        log_path=os.path.join(TMP, f"{self.name}-{self.starts}.log"))
+                                        log_path=os.path.join(TMP, f"{self.name}-{self.starts}.log"),
+                                        # What a node killed with SIGKILL leaves goes with TMP.
+                                        env=dict(os.environ, TMPDIR=TMP))
         self.serve.wait_listening(lambda: http.client.HTTPConnection("127.0.0.1", self.port, timeout=5))
 
     def kill(self):

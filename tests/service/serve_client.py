@@ -1,5 +1,6 @@
 """A test's view of agentvm-serve: start it, talk HTTP to it over its Unix socket or TCP, stop
 it. Shared by serve_http_check.py (no VMs) and serve_check.py (real sandboxes)."""
+import atexit
 import http.client
 import json
 import os
@@ -36,16 +37,18 @@ class Serve:
     """agentvm-serve as a child; its stderr goes to a file (read by log()) so that a chatty
     serve never blocks on a full pipe."""
 
-    def __init__(self, binary, *args, log_path=None, log_level="warn", state_dir=None):
+    def __init__(self, binary, *args, log_path=None, log_level="warn", state_dir=None, env=None):
         self.log_path = log_path or f"/tmp/agentvm-serve-{os.getpid()}-{time.monotonic_ns()}.log"
         self.log_file = open(self.log_path, "wb")
+        if log_path is None:  # read after stop() by a failing check; gone when the check ends
+            atexit.register(lambda path=self.log_path: os.path.exists(path) and os.unlink(path))
         # Each serve its own state directory (one serve per directory), unless a test shares
         # one between a serve and its successor.
         self.own_state = state_dir is None and "--state-dir" not in args
         self.state_dir = tempfile.mkdtemp(prefix="agentvm-serve-state-") if self.own_state else state_dir
         extra = ["--state-dir", self.state_dir] if self.state_dir else []
         self.proc = subprocess.Popen([binary, "--log-level", log_level, *extra, *args], stdin=subprocess.DEVNULL,
-                                     stdout=subprocess.DEVNULL, stderr=self.log_file)
+                                     stdout=subprocess.DEVNULL, stderr=self.log_file, env=env)
 
     def log(self):
         with open(self.log_path, "rb") as f:
