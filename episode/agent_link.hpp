@@ -9,11 +9,10 @@
 
 #include "common/fd.hpp"
 #include "core/loop_timer.hpp"
+#include "protocol/vsock_ports.hpp"
 #include "vmm/vm.hpp"
 
 namespace agentvm {
-
-inline constexpr uint32_t agent_vsock_port = 52;
 
 class AgentLink {
 public:

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/port_forward/handshake.hpp"
+#include "common/ascii_text.hpp"
 
 namespace agentvm {
 namespace {
@@ -17,15 +18,6 @@ bool same_text(std::string_view a, std::string_view b)
     return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin(), [](char x, char y) {
                return std::tolower(static_cast<unsigned char>(x)) == std::tolower(static_cast<unsigned char>(y));
            });
-}
-
-std::string_view trimmed(std::string_view text)
-{
-    while (!text.empty() && (text.front() == ' ' || text.front() == '\t'))
-        text.remove_prefix(1);
-    while (!text.empty() && (text.back() == ' ' || text.back() == '\t'))
-        text.remove_suffix(1);
-    return text;
 }
 
 UpgradeHead malformed(std::string problem)
@@ -101,7 +93,7 @@ bool UpgradeHead::upgraded() const
     if (parse != Parse::complete || status != 101)
         return false;
     const std::optional<std::string> upgrade = header("Upgrade");
-    return upgrade && same_text(trimmed(*upgrade), tcp_upgrade_protocol);
+    return upgrade && same_text(trim_blanks(*upgrade), tcp_upgrade_protocol);
 }
 
 UpgradeHead parse_upgrade_head(std::string_view received)
@@ -146,7 +138,7 @@ UpgradeHead parse_upgrade_head(std::string_view received)
         if (colon == std::string_view::npos || colon == 0 ||
             !std::all_of(line.begin(), line.begin() + static_cast<std::ptrdiff_t>(colon), token_char))
             return malformed(fmt::format("not a header line: '{}'", printable(line)));
-        head.headers.emplace_back(std::string(line.substr(0, colon)), std::string(trimmed(line.substr(colon + 1))));
+        head.headers.emplace_back(std::string(line.substr(0, colon)), std::string(trim_blanks(line.substr(colon + 1))));
     }
 }
 

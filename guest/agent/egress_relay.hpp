@@ -1,9 +1,10 @@
 // Egress (docs/protocol.md, "Egress proxy"): a sandbox has no NIC, so its tools reach the
 // outside only through the host's egress proxy, and only where the sandbox's policy allows.
-// The agent listens on the guest's 127.0.0.1:egress_proxy_port (what HTTP_PROXY and
+// The agent listens on the guest's 127.0.0.1:egress_proxy_tcp_port (what HTTP_PROXY and
 // HTTPS_PROXY name in every call of a sandbox with a policy) and carries each connection's
-// bytes, unchanged, to the host over vsock (host port egress_host_port): the host reads the
-// proxy request, decides and connects; the agent decides nothing. When the host takes no
+// bytes, unchanged, to the host over vsock (host port egress_vsock_port; both in
+// protocol/vsock_ports.hpp): the host reads the proxy request, decides and connects; the
+// agent decides nothing. When the host takes no
 // connection there (a sandbox without a policy), the agent answers the tool itself with a 403
 // saying so. A thread per connection, at most max_egress_connections at once.
 #pragma once
@@ -16,8 +17,6 @@
 
 namespace agentvm {
 
-constexpr uint16_t egress_proxy_port = 3128;
-constexpr uint32_t egress_host_port = 3128;
 constexpr size_t max_egress_connections = 256;
 
 // The answer to a tool when the host takes no egress connection: a whole HTTP/1.1 403, closed.

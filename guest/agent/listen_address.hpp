@@ -7,17 +7,14 @@
 #include <string_view>
 
 #include "common/fd.hpp"
+#include "protocol/vsock_ports.hpp"
 
 namespace agentvm {
-
-constexpr uint32_t default_agent_port = 52;
-// The port relay's (port_relay.hpp): the host reaches the guest's TCP servers through it.
-constexpr uint32_t default_ports_port = 53;
 
 struct ListenAddress {
     enum class Kind { vsock, unix_socket };
     Kind kind = Kind::vsock;
-    uint32_t port = default_agent_port;
+    uint32_t port = agent_vsock_port;
     std::string path;
 };
 

@@ -84,10 +84,10 @@ void end_sessions_with_agent(const Sessions& sessions)
 
 int run(int argc, char** argv)
 {
-    std::string spec = "vsock:" + std::to_string(default_agent_port);
-    std::string ports_spec = "vsock:" + std::to_string(default_ports_port);
-    long egress_port = egress_proxy_port;  // 0: no egress relay (host tests that run many agents)
-    std::string egress_spec = "vsock:" + std::to_string(egress_host_port);
+    std::string spec = "vsock:" + std::to_string(agent_vsock_port);
+    std::string ports_spec = "vsock:" + std::to_string(guest_ports_vsock_port);
+    long egress_port = egress_proxy_tcp_port;  // 0: no egress relay (host tests that run many agents)
+    std::string egress_spec = "vsock:" + std::to_string(egress_vsock_port);
     std::optional<std::string> call_cgroup;
     std::string user_file = image_user_path;  // another only for the host tests
     for (int i = 1; i < argc; ++i) {

@@ -7,23 +7,12 @@
 
 #include <fmt/format.h>
 
+#include "common/ascii_text.hpp"
 #include "common/error.hpp"
 
 namespace agentvm {
 
 namespace {
-
-char lower(char c)
-{
-    return c >= 'A' && c <= 'Z' ? static_cast<char>(c - 'A' + 'a') : c;
-}
-
-std::string lower_case(std::string_view text)
-{
-    std::string out(text);
-    std::transform(out.begin(), out.end(), out.begin(), lower);
-    return out;
-}
 
 bool all_digits(std::string_view text)
 {
@@ -142,7 +131,7 @@ Host parse_host(std::string_view text)
         host.problem = "brackets hold an IPv6 address only";
         return host;
     }
-    host.name = lower_case(text);
+    host.name = ascii_lower(text);
     if (host.name.ends_with('.'))
         host.name.pop_back();
     host.problem = host_name_problem(host.name);
@@ -311,7 +300,7 @@ EgressRule parse_rule(std::string_view text, std::string_view list)
         }
         if (name.find('*') != std::string_view::npos)
             fail("a wildcard is '*.' before a domain, as in *.pythonhosted.org, or '*' alone");
-        rule.name = lower_case(name);
+        rule.name = ascii_lower(name);
         if (rule.name.ends_with('.'))
             rule.name.pop_back();
         if (const std::string problem = host_name_problem(rule.name); !problem.empty())

@@ -11,18 +11,13 @@
 #include <spdlog/spdlog.h>
 
 #include "common/error.hpp"
+#include "protocol/vsock_ports.hpp"
 
 namespace agentvm {
 
-namespace {
-
-constexpr uint32_t egress_host_port = 3128;  // the agent's egress_relay.hpp connects there
-
-} // namespace
-
 std::map<std::string, std::string> egress_proxy_env()
 {
-    const std::string proxy = "http://127.0.0.1:3128";
+    const std::string proxy = fmt::format("http://127.0.0.1:{}", egress_proxy_tcp_port);
     const std::string local = "localhost,127.0.0.1,::1";
     return {{"HTTP_PROXY", proxy}, {"HTTPS_PROXY", proxy}, {"http_proxy", proxy}, {"https_proxy", proxy},
             {"NO_PROXY", local},   {"no_proxy", local}};
@@ -30,7 +25,7 @@ std::map<std::string, std::string> egress_proxy_env()
 
 std::string EgressProxy::socket_for(const std::string& vsock_uds)
 {
-    return fmt::format("{}_{}", vsock_uds, egress_host_port);
+    return fmt::format("{}_{}", vsock_uds, egress_vsock_port);
 }
 
 EgressProxy::EgressProxy(EventLoop& loop, SocketPoller& poller, NameResolver& resolver, EgressPolicy policy,

@@ -8,6 +8,7 @@
 
 #include <fmt/format.h>
 
+#include "common/ascii_text.hpp"
 #include "service/egress/egress_policy.hpp"
 
 namespace agentvm {
@@ -39,23 +40,6 @@ bool token(std::string_view text)
         return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9')
             || punctuation.find(c) != std::string_view::npos;
     });
-}
-
-std::string_view trimmed(std::string_view text)
-{
-    while (!text.empty() && (text.front() == ' ' || text.front() == '\t'))
-        text.remove_prefix(1);
-    while (!text.empty() && (text.back() == ' ' || text.back() == '\t'))
-        text.remove_suffix(1);
-    return text;
-}
-
-std::string lower_case(std::string_view text)
-{
-    std::string out(text);
-    std::transform(out.begin(), out.end(), out.begin(),
-                   [](char c) { return c >= 'A' && c <= 'Z' ? char(c - 'A' + 'a') : c; });
-    return out;
 }
 
 // Guest text quoted in a reason: printable ASCII as it is, any other byte as \xNN, cut short.
@@ -159,7 +143,7 @@ Authority parse_authority(std::string_view text, uint16_t default_port)
         destination.address = address;
         return out;
     }
-    std::string name = lower_case(host);
+    std::string name = ascii_lower(host);
     if (name.ends_with('.'))
         name.pop_back();
     if (const std::string problem = host_name_problem(name); !problem.empty()) {
@@ -190,7 +174,7 @@ AbsoluteTarget parse_absolute_target(std::string_view url)
         problem = fmt::format("the target '{}' is not an absolute http:// URI", shown(url));
         return out;
     }
-    const std::string scheme = lower_case(url.substr(0, scheme_end));
+    const std::string scheme = ascii_lower(url.substr(0, scheme_end));
     if (scheme == "https") {
         problem = "an https:// URI: TLS goes through a CONNECT tunnel (HTTPS_PROXY), not a plain proxy request";
         return out;
@@ -241,7 +225,7 @@ std::vector<std::string> connection_options(const std::vector<std::pair<std::str
             continue;
         for (std::string_view rest = value; !rest.empty();) {
             const size_t comma = rest.find(',');
-            names.push_back(lower_case(trimmed(rest.substr(0, comma))));
+            names.push_back(ascii_lower(trim_blanks(rest.substr(0, comma))));
             if (comma == std::string_view::npos)
                 break;
             rest.remove_prefix(comma + 1);
@@ -354,7 +338,7 @@ bool ProxyRequestReader::commit_field()
         error_ = fmt::format("the request has over {} header fields", max_fields);
         return false;
     }
-    fields_.emplace_back(std::move(field_), std::string(trimmed(value_)));
+    fields_.emplace_back(std::move(field_), std::string(trim_blanks(value_)));
     field_.clear();
     value_.clear();
     in_value_ = false;
@@ -447,7 +431,7 @@ ProxyReading ProxyRequestReader::read_head(std::string_view rest) const
             continue;
         // Fields the client's Connection names are the hop's too (RFC 9110 7.6.1); the
         // framing stays whatever it says, or the server would read the body differently.
-        if (!framing_field(name) && std::binary_search(options.begin(), options.end(), lower_case(name)))
+        if (!framing_field(name) && std::binary_search(options.begin(), options.end(), ascii_lower(name)))
             continue;
         head += name;
         head += ": ";

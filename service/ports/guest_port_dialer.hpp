@@ -14,11 +14,11 @@
 
 #include "common/fd.hpp"
 #include "core/loop_timer.hpp"
+#include "protocol/vsock_ports.hpp"
 #include "service/ports/socket_poller.hpp"
 
 namespace agentvm {
 
-inline constexpr uint32_t guest_ports_vsock_port = 53;
 // Past the relay's own 30 s for a server whose listen backlog is full (docs/protocol.md).
 inline constexpr std::chrono::seconds guest_port_handshake_timeout{40};
 
