@@ -16,7 +16,7 @@ namespace agentvm {
 namespace {
 
 // A snapshot is a directory of files; its outbox holds snapshots. Deeper is not serve's.
-constexpr int max_depth = 4;
+constexpr int max_tree_depth = 4;
 
 void take(int dir_fd, const char* name, const struct stat& st, const std::string& shown)
 {
@@ -28,7 +28,7 @@ void take(int dir_fd, const char* name, const struct stat& st, const std::string
 
 void reclaim_dir(Fd dir, const std::string& shown, int depth)
 {
-    if (depth > max_depth)
+    if (depth > max_tree_depth)
         throw Error(fmt::format("taking back '{}' from its VM: deeper than any snapshot", shown));
     struct stat st {};
     if (::fstat(dir.get(), &st) != 0)
