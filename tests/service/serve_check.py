@@ -1099,7 +1099,7 @@ def guest_egress():
 
 
 def vm_users():
-    return vm_users_case.run(STATE["serve_pid"], create, delete)
+    return vm_users_case.run(STATE["serve_pid"], create, delete, lambda: wait_pool_ready(POOL))
 
 
 # The test host's guest files are set-up's, linked from build/guest/ into root's cache, and

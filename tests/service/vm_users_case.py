@@ -42,21 +42,28 @@ def argument(argv, flag):
 
 
 def vms_of(serve_pid):
-    """Each of serve's VMs: its episode's arguments and its VMM's pid (an episode still starting
-    its VMM, or one whose VMM has ended, is left out)."""
+    """Each of serve's VMs: its episode's arguments, its VMM's pid and /proc status, and its
+    directories' stat. An episode without a VMM, or one that ends while it is read (a sandbox
+    of an earlier case on its way out), is left out."""
     found = []
     for episode in children(serve_pid):
-        with open(f"/proc/{episode}/cmdline", "rb") as f:
-            argv = [a.decode() for a in f.read().split(b"\0") if a]
-        if "episode" not in argv:
+        try:
+            with open(f"/proc/{episode}/cmdline", "rb") as f:
+                argv = [a.decode() for a in f.read().split(b"\0") if a]
+            if "episode" not in argv:
+                continue
+            vmm = children(episode)
+            expect(len(vmm) <= 1, f"episode {episode} has children {vmm}")
+            if not vmm:
+                continue
+            vm = {"episode": episode, "vmm": vmm[0], "uid": argument(argv, "--jail-uid"),
+                  "gid": argument(argv, "--jail-gid"), "vsock": os.path.dirname(argument(argv, "--vsock-uds")),
+                  "outbox": argument(argv, "--snapshot-dir")}
+            vm["status"] = {name: status(vm["vmm"], name) for name in ("Uid", "Gid", "Groups", "CapEff")}
+            vm["stat"] = {path: os.stat(path) for path in (vm["vsock"], vm["outbox"])}
+        except FileNotFoundError:
             continue
-        vmm = children(episode)
-        expect(len(vmm) <= 1, f"episode {episode} has children {vmm}")
-        if not vmm:
-            continue
-        found.append({"episode": episode, "vmm": vmm[0], "uid": argument(argv, "--jail-uid"),
-                      "gid": argument(argv, "--jail-gid"), "vsock": os.path.dirname(argument(argv, "--vsock-uds")),
-                      "outbox": argument(argv, "--snapshot-dir")})
+        found.append(vm)
     return found
 
 
@@ -90,9 +97,12 @@ def opens_as(uid, path, handed_over=False):
     return r.returncode == 0
 
 
-def run(serve_pid, create, delete):
+def run(serve_pid, create, delete, pool_ready):
+    """pool_ready(): waits until the pool has refilled, so that no VMM is still on its way into
+    its jail (where it has serve's uid yet)."""
     first, second = create()["id"], create()["id"]
     try:
+        pool_ready()
         vms = vms_of(serve_pid)
         expect(len(vms) >= 2, f"serve runs {len(vms)} VMs")
         ids = set()
@@ -100,18 +110,21 @@ def run(serve_pid, create, delete):
             expect(vm["uid"] is not None and vm["uid"] == vm["gid"], f"episode {vm['episode']}: --jail-uid "
                    f"{vm['uid']} --jail-gid {vm['gid']}")
             expect(int(vm["uid"]) in JAIL_IDS, f"--jail-uid {vm['uid']} outside the range")
-            expect(status(vm["vmm"], "Uid") == [vm["uid"]] * 4, f"VMM {vm['vmm']} uids {status(vm['vmm'], 'Uid')}")
-            expect(status(vm["vmm"], "Gid") == [vm["gid"]] * 4, f"VMM {vm['vmm']} gids {status(vm['vmm'], 'Gid')}")
-            expect(status(vm["vmm"], "Groups") == [], f"VMM {vm['vmm']} groups {status(vm['vmm'], 'Groups')}")
-            expect(int(status(vm["vmm"], "CapEff")[0], 16) == 0, f"VMM {vm['vmm']} holds capabilities")
-            for path in (vm["vsock"], vm["outbox"]):
-                st = os.stat(path)
+            seen = vm["status"]
+            expect(seen["Uid"] == [vm["uid"]] * 4, f"VMM {vm['vmm']} uids {seen['Uid']}")
+            expect(seen["Gid"] == [vm["gid"]] * 4, f"VMM {vm['vmm']} gids {seen['Gid']}")
+            expect(seen["Groups"] == [], f"VMM {vm['vmm']} groups {seen['Groups']}")
+            expect(int(seen["CapEff"][0], 16) == 0, f"VMM {vm['vmm']} holds capabilities")
+            for path, st in vm["stat"].items():
                 expect(st.st_uid == os.geteuid() and st.st_gid == int(vm["gid"]) and st.st_mode & 0o7777 == 0o770,
                        f"{path}: uid {st.st_uid} gid {st.st_gid} mode {st.st_mode & 0o7777:o}")
             ids.add(vm["uid"])
         expect(len(ids) == len(vms), f"{len(vms)} VMs share {len(ids)} uids")
 
-        one, other = vms[0], vms[1]
+        # Two that still run (not one of an earlier case's sandboxes on its way out).
+        running = [vm for vm in vms if os.path.exists(f"/proc/{vm['vmm']}") and os.path.isdir(vm["outbox"])]
+        expect(len(running) >= 2, f"{len(running)} of serve's VMs still run")
+        one, other = running[-2], running[-1]
         overlay = overlay_fd(other["vmm"])
         with open(overlay, "rb") as f:  # root, serve's own uid here: the path is right
             expect(len(f.read(4096)) == 4096, f"{overlay} is empty")
