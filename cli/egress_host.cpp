@@ -5,7 +5,6 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
-#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -17,6 +16,7 @@
 
 #include "common/error.hpp"
 #include "common/fd.hpp"
+#include "common/share_with_vm.hpp"
 #include "core/event_loop.hpp"
 
 namespace agentvm {
@@ -106,14 +106,10 @@ std::unique_ptr<EgressHost> EgressHost::start(const EgressFlags& flags, std::str
     if (::poll(&polled, 1, ready_patience_ms) != 1 || ::read(ready_read.get(), &byte, 1) != 1)
         throw Error(fmt::format("the egress proxy did not start listening at {} (its log is above)", host->socket_));
     // A VMM of its own gid reaches the socket through the private directory's group.
-    const auto share = [&](const std::string& path, mode_t mode) {
-        if (::chown(path.c_str(), static_cast<uid_t>(-1), vm_identity->gid) != 0 || ::chmod(path.c_str(), mode) != 0)
-            throw_errno(fmt::format("giving '{}' to the VMM's group {}", path, vm_identity->gid));
-    };
     if (vm_identity) {
         if (!host->temporary_dir_.empty())
-            share(host->temporary_dir_, 0770);
-        share(host->socket_, 0660);
+            share_with_vm(host->temporary_dir_, vm_identity->gid, 0770);
+        share_with_vm(host->socket_, vm_identity->gid, 0660);
     }
     spdlog::debug("egress: {} (proxy at {})", policy.describe(), host->socket_);
     return host;

@@ -8,6 +8,7 @@
 #include <spdlog/spdlog.h>
 
 #include "common/error.hpp"
+#include "common/share_with_vm.hpp"
 #include "service/sandbox_ids.hpp"
 #include "service/vm_users/vm_dir_sharing.hpp"
 #include "service/vm_priority.hpp"

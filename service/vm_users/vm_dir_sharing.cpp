@@ -63,14 +63,6 @@ void reclaim_dir(Fd dir, const std::string& shown, int depth)
 
 } // namespace
 
-void share_with_vm(const std::string& path, gid_t gid, mode_t mode)
-{
-    if (::chown(path.c_str(), static_cast<uid_t>(-1), gid) != 0)
-        throw_errno(fmt::format("giving '{}' to its VM's group {}", path, gid));
-    if (::chmod(path.c_str(), mode) != 0)
-        throw_errno(fmt::format("setting the mode of '{}' for its VM", path));
-}
-
 void reclaim_tree(const std::string& path)
 {
     Fd top(::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));

@@ -1,19 +1,14 @@
 // What serve shares with a VMM that runs as its own uid and gid (jail_ids.hpp), and takes back
 // from it. A VM's writable directories (its snapshot outbox, its vsock socket's directory) stay
 // serve's, with the VM's group and mode 0770, so that serve and that VM only may enter them;
-// a socket serve listens on there for the VM (its egress proxy) gets the VM's group and 0660.
-// What the VMM writes (its live snapshots) serve takes back before it reads, moves or removes it:
+// a socket serve listens on there for the VM (its egress proxy) gets the VM's group and 0660
+// (common/share_with_vm.hpp). What the VMM writes (its live snapshots) serve takes back before it reads, moves or removes it:
 // the whole tree becomes serve's, the top first, so the VM can change nothing in it after.
 #pragma once
-
-#include <sys/types.h>
 
 #include <string>
 
 namespace agentvm {
-
-// Gives `path` the group `gid` and `mode`. Throws Error.
-void share_with_vm(const std::string& path, gid_t gid, mode_t mode);
 
 // Makes `path` and everything below it this process's (its euid and egid), following no
 // symbolic link. Nothing to do for a path that is gone. Throws Error naming the entry it

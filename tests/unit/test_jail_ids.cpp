@@ -12,6 +12,7 @@
 #include <string>
 
 #include "common/error.hpp"
+#include "common/share_with_vm.hpp"
 #include "service/vm_users/jail_ids.hpp"
 #include "service/vm_users/vm_dir_sharing.hpp"
 
