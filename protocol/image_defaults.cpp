@@ -1,7 +1,8 @@
 #include "protocol/image_defaults.hpp"
 
 #include <algorithm>
-#include <charconv>
+
+#include "common/whole_number.hpp"
 
 namespace agentvm {
 namespace {
@@ -28,9 +29,8 @@ bool take(std::string_view& text, char c)
 
 std::optional<uint32_t> parse_image_id(std::string_view text)
 {
-    uint32_t id = 0;
-    const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), id);
-    if (text.empty() || error != std::errc() || end != text.data() + text.size() || id == UINT32_MAX)
+    const std::optional<uint32_t> id = whole_number<uint32_t>(text);
+    if (id == UINT32_MAX)
         return std::nullopt;
     return id;
 }

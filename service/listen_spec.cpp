@@ -1,10 +1,9 @@
 #include "service/listen_spec.hpp"
 
-#include <charconv>
-
 #include <fmt/format.h>
 
 #include "common/error.hpp"
+#include "common/whole_number.hpp"
 
 namespace agentvm {
 
@@ -49,11 +48,10 @@ ListenSpec parse_listen_spec(const std::string& text)
         spec.host = rest.substr(0, colon);
     }
     const std::string port = rest.substr(colon + 1);
-    unsigned value = 0;
-    const auto [end, err] = std::from_chars(port.data(), port.data() + port.size(), value);
-    if (err != std::errc() || end != port.data() + port.size() || value == 0 || value > 65535)
+    const std::optional<uint16_t> value = port_number(port);
+    if (!value)
         throw Error(fmt::format("--listen {}: the port must be a number from 1 to 65535", text));
-    spec.port = static_cast<uint16_t>(value);
+    spec.port = *value;
     return spec;
 }
 

@@ -5,7 +5,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <charconv>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -13,6 +12,8 @@
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
+
+#include "common/whole_number.hpp"
 
 namespace agentvm {
 namespace {
@@ -32,15 +33,6 @@ std::string read_small(const std::string& path)
     in.read(text.data(), static_cast<std::streamsize>(text.size()));
     text.resize(static_cast<size_t>(in.gcount()));
     return text;
-}
-
-std::optional<uint64_t> to_number(std::string_view text)
-{
-    uint64_t value = 0;
-    const auto [end, err] = std::from_chars(text.data(), text.data() + text.size(), value);
-    if (err != std::errc() || end != text.data() + text.size())
-        return std::nullopt;
-    return value;
 }
 
 // `root` and the processes under it, through each thread's children list.
@@ -137,9 +129,9 @@ std::optional<double> cpu_seconds_of_stat(std::string_view stat, long ticks)
     std::optional<uint64_t> utime, stime;
     for (int number = 3; fields >> field && number <= 15; ++number) {
         if (number == 14)
-            utime = to_number(field);
+            utime = whole_number<uint64_t>(field);
         else if (number == 15)
-            stime = to_number(field);
+            stime = whole_number<uint64_t>(field);
     }
     if (!utime || !stime)
         return std::nullopt;
@@ -155,7 +147,7 @@ std::optional<uint64_t> rss_bytes_of_status(std::string_view status)
     std::istringstream line{std::string(status.substr(at + key.size(), 64))};
     std::string number, unit;
     line >> number >> unit;
-    const std::optional<uint64_t> kib = to_number(number);
+    const std::optional<uint64_t> kib = whole_number<uint64_t>(number);
     if (!kib || unit != "kB" || *kib > (uint64_t{1} << 40))
         return std::nullopt;
     return *kib * 1024;

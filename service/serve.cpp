@@ -10,7 +10,6 @@
 #include <sys/stat.h>
 
 #include <algorithm>
-#include <charconv>
 #include <chrono>
 #include <filesystem>
 #include <string>
@@ -20,6 +19,7 @@
 
 #include "common/error.hpp"
 #include "common/fd.hpp"
+#include "common/whole_number.hpp"
 #include "core/event_loop.hpp"
 #include "core/loop_timer.hpp"
 #include "service/fleet/agent_check_listener.hpp"
@@ -38,9 +38,10 @@ PoolConfig parse_pool_spec(const std::string& text, const std::string& template_
     PoolConfig pool;
     pool.name = text.substr(0, equals);
     const std::string count = text.substr(equals + 1);
-    const auto [end, err] = std::from_chars(count.data(), count.data() + count.size(), pool.target);
-    if (err != std::errc() || end != count.data() + count.size() || pool.target > 10000)
+    const std::optional<unsigned> target = whole_number<unsigned>(count);
+    if (!target || *target > 10000)
         throw Error(fmt::format("--pool {}: N must be a whole number from 0 to 10000", text));
+    pool.target = *target;
     if (pool.name == "default")
         return pool;
     if (pool.name.find('/') != std::string::npos) {

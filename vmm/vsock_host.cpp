@@ -10,7 +10,6 @@
 #include <algorithm>
 #include <array>
 #include <cerrno>
-#include <charconv>
 #include <chrono>
 #include <cstring>
 #include <mutex>
@@ -20,6 +19,7 @@
 #include <spdlog/spdlog.h>
 
 #include "common/error.hpp"
+#include "common/whole_number.hpp"
 
 namespace agentvm {
 namespace {
@@ -56,11 +56,7 @@ std::optional<uint32_t> parse_connect_line(std::string_view line)
     if (line.substr(0, verb.size()) != verb)
         return std::nullopt;
     line.remove_prefix(verb.size());
-    uint32_t port = 0;
-    const auto [end, ec] = std::from_chars(line.data(), line.data() + line.size(), port);
-    if (ec != std::errc{} || end != line.data() + line.size())
-        return std::nullopt;
-    return port;
+    return whole_number<uint32_t>(line);
 }
 
 } // namespace

@@ -2,11 +2,10 @@
 
 #include <sys/un.h>
 
-#include <charconv>
-
 #include <fmt/format.h>
 
 #include "common/error.hpp"
+#include "common/whole_number.hpp"
 
 namespace agentvm {
 namespace {
@@ -66,13 +65,11 @@ Endpoint host_and_port(std::string_view flag, std::string_view text, std::string
         endpoint.port = static_cast<uint16_t>(default_port);
         return endpoint;
     }
-    unsigned value = 0;
-    const auto [end, err] = std::from_chars(port.data(), port.data() + port.size(), value);
-    if (port.empty() || err != std::errc() || end != port.data() + port.size() || value > 65535 ||
-        (value == 0 && !zero_allowed))
+    const std::optional<uint16_t> value = port_number(port, zero_allowed);
+    if (!value)
         throw Error(fmt::format("{} {}: the port must be a number from {} to 65535", flag, text,
                                 zero_allowed ? 0 : 1));
-    endpoint.port = static_cast<uint16_t>(value);
+    endpoint.port = *value;
     return endpoint;
 }
 

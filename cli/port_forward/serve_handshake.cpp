@@ -1,8 +1,8 @@
 #include "cli/port_forward/serve_handshake.hpp"
 
-#include <charconv>
-
 #include <fmt/format.h>
+
+#include "common/whole_number.hpp"
 
 namespace agentvm {
 
@@ -42,12 +42,8 @@ HandshakeStep ServeUpgradeHandshake::refusal_with_body(std::string& received, bo
     if (encoding)
         return {Kind::refused, upgrade_refusal(*refusal_, "")};
     std::optional<size_t> length;
-    if (const std::optional<std::string> value = refusal_->header("Content-Length")) {
-        size_t parsed = 0;
-        const auto [end, err] = std::from_chars(value->data(), value->data() + value->size(), parsed);
-        if (err == std::errc() && end == value->data() + value->size())
-            length = parsed;
-    }
+    if (const std::optional<std::string> value = refusal_->header("Content-Length"))
+        length = whole_number<size_t>(*value);
     if (refusal_->status == 101 || refusal_->status == 204 || refusal_->status == 304)
         length = 0;
     const size_t wanted = std::min(length.value_or(room), room);

@@ -7,10 +7,10 @@
 #include <linux/vm_sockets.h>
 
 #include <cerrno>
-#include <charconv>
 #include <cstring>
 
 #include "common/error.hpp"
+#include "common/whole_number.hpp"
 
 namespace agentvm {
 
@@ -25,14 +25,11 @@ ListenAddress parse_listen_address(std::string_view text)
         return address;
     }
     if (text.starts_with("vsock:")) {
-        const std::string_view digits = text.substr(6);
-        uint32_t port = 0;
-        auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), port);
+        const std::optional<uint32_t> port = whole_number<uint32_t>(text.substr(6));
         // VMADDR_PORT_ANY (-1U) means "pick one", useless for a fixed agent address.
-        if (digits.empty() || ec != std::errc() || end != digits.data() + digits.size() || port == 0
-            || port == VMADDR_PORT_ANY)
+        if (!port || *port == 0 || *port == VMADDR_PORT_ANY)
             throw Error("--listen vsock:PORT: PORT must be a number from 1 to 4294967294");
-        address.port = port;
+        address.port = *port;
         return address;
     }
     throw Error("--listen: expected vsock:PORT or unix:PATH, got \"" + std::string(text) + "\"");

@@ -3,12 +3,12 @@
 #include <time.h>
 
 #include <algorithm>
-#include <charconv>
 #include <cmath>
 
 #include <fmt/format.h>
 
 #include "common/base64.hpp"
+#include "common/whole_number.hpp"
 #include "protocol/env_limits.hpp"
 #include "service/create_request.hpp"
 #include "service/e2b/e2b_network.hpp"
@@ -57,15 +57,15 @@ const Json& object_body(const Json& body, std::string_view what)
     throw_bad_field(fmt::format("\"{}\": agentvm does not do {}; leave it out", field, why));
 }
 
-std::optional<int64_t> whole_number(std::string_view text, size_t max_digits)
+// At most 18 digits, so every value fits an int64_t.
+std::optional<int64_t> short_number(std::string_view text, size_t max_digits)
 {
-    int64_t value = 0;
-    if (text.empty() || text.size() > max_digits)
+    if (text.size() > max_digits)
         return std::nullopt;
-    const auto [end, err] = std::from_chars(text.data(), text.data() + text.size(), value);
-    if (err != std::errc() || end != text.data() + text.size() || value < 0)
+    const std::optional<uint64_t> value = whole_number<uint64_t>(text);
+    if (!value)
         return std::nullopt;
-    return value;
+    return static_cast<int64_t>(*value);
 }
 
 size_t limit_argument(const QueryArgument& argument)
@@ -73,7 +73,7 @@ size_t limit_argument(const QueryArgument& argument)
     const std::optional<std::string> text = argument("limit");
     if (!text)
         return e2b_default_page;
-    const std::optional<int64_t> limit = whole_number(*text, 9);
+    const std::optional<int64_t> limit = short_number(*text, 9);
     if (!limit || *limit < 1 || *limit > static_cast<int64_t>(e2b_max_page))
         throw_bad_field(fmt::format("\"limit\" must be a whole number from 1 to {}", e2b_max_page));
     return static_cast<size_t>(*limit);
@@ -304,7 +304,7 @@ std::optional<WallTime> parse_e2b_time(std::string_view text)
     if (text.size() < 20 || text.size() > 40)
         return std::nullopt;
     const auto digits = [&](size_t at, size_t count) -> std::optional<int> {
-        const std::optional<int64_t> value = whole_number(text.substr(at, count), count);
+        const std::optional<int64_t> value = short_number(text.substr(at, count), count);
         return value && text.substr(at, count).find_first_not_of("0123456789") == std::string_view::npos
                    ? std::optional<int>(static_cast<int>(*value))
                    : std::nullopt;
@@ -325,13 +325,13 @@ std::optional<WallTime> parse_e2b_time(std::string_view text)
             return std::nullopt;
         std::string fraction(text.substr(start, at - start));
         fraction.resize(3, '0');
-        ms = *whole_number(fraction, 3);
+        ms = *short_number(fraction, 3);
     }
     int64_t offset_s = 0;
     const std::string_view zone = text.substr(at);
     if (zone != "Z" && zone != "z") {
-        const auto zh = zone.size() == 6 ? whole_number(zone.substr(1, 2), 2) : std::nullopt;
-        const auto zm = zone.size() == 6 ? whole_number(zone.substr(4, 2), 2) : std::nullopt;
+        const auto zh = zone.size() == 6 ? short_number(zone.substr(1, 2), 2) : std::nullopt;
+        const auto zm = zone.size() == 6 ? short_number(zone.substr(4, 2), 2) : std::nullopt;
         if (!zh || !zm || (zone[0] != '+' && zone[0] != '-') || zone[3] != ':' || *zh > 23 || *zm > 59)
             return std::nullopt;
         offset_s = (*zh * 3600 + *zm * 60) * (zone[0] == '+' ? 1 : -1);
@@ -418,7 +418,7 @@ PageKey parse_page_token(std::string_view token)
     const std::string_view rest = std::string_view(*text).substr(token_prefix.size());
     const size_t colon = rest.find(':');
     const std::optional<int64_t> time_ms =
-        colon == std::string_view::npos ? std::nullopt : whole_number(rest.substr(0, colon), 18);
+        colon == std::string_view::npos ? std::nullopt : short_number(rest.substr(0, colon), 18);
     if (!time_ms || colon + 1 >= rest.size())
         refuse();
     return PageKey{*time_ms, std::string(rest.substr(colon + 1))};

@@ -2,13 +2,13 @@
 
 #include <algorithm>
 #include <array>
-#include <charconv>
 #include <optional>
 
 #include <fmt/format.h>
 
 #include "common/ascii_text.hpp"
 #include "common/error.hpp"
+#include "common/whole_number.hpp"
 
 namespace agentvm {
 
@@ -152,15 +152,14 @@ struct RuleError {
 
 uint16_t parse_port(std::string_view text, const RuleError& fail)
 {
-    unsigned value = 0;
-    const auto [end, err] = std::from_chars(text.data(), text.data() + text.size(), value);
     if (text.empty())
         fail("an empty port (ports are 443, 80,443 or 8000-8100)");
-    if (err != std::errc() || end != text.data() + text.size() || value > 65535)
+    const std::optional<uint16_t> port = port_number(text, true);
+    if (!port)
         fail(fmt::format("'{}' is not a port (1-65535)", shown(text)));
-    if (value == 0)
+    if (*port == 0)
         fail("port 0 is not a destination port");
-    return static_cast<uint16_t>(value);
+    return *port;
 }
 
 std::vector<PortRange> parse_ports(std::string_view text, const RuleError& fail)
@@ -216,10 +215,10 @@ IpPrefix parse_range(std::string_view text, const RuleError& fail)
     IpPrefix range{*address, static_cast<unsigned>(address->bits())};
     if (slash != std::string_view::npos) {
         const std::string_view length_text = text.substr(slash + 1);
-        unsigned length = 0;
-        const auto [end, err] = std::from_chars(length_text.data(), length_text.data() + length_text.size(), length);
-        if (length_text.empty() || err != std::errc() || end != length_text.data() + length_text.size())
+        const std::optional<unsigned> parsed = whole_number<unsigned>(length_text);
+        if (!parsed)
             fail(fmt::format("'{}' is not a prefix length", shown(length_text)));
+        const unsigned length = *parsed;
         if (length > address->bits())
             fail(fmt::format("prefix length /{} is out of range for {} (0-{})", length, address->is_v4() ? "IPv4" : "IPv6",
                              address->bits()));

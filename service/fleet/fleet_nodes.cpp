@@ -1,12 +1,12 @@
 #include "service/fleet/fleet_nodes.hpp"
 
-#include <charconv>
 #include <map>
 #include <set>
 
 #include <fmt/format.h>
 
 #include "common/error.hpp"
+#include "common/whole_number.hpp"
 #include "service/sandbox_ids.hpp"
 
 namespace agentvm {
@@ -60,12 +60,10 @@ std::pair<std::string, uint16_t> parse_host_port(std::string_view text)
     if (const std::string problem = host_problem(host, bracketed); !problem.empty())
         throw Error(fmt::format("'{:.200}': {}", text, problem));
     const std::string_view port_text = text.substr(colon + 1);
-    unsigned port = 0;
-    const auto [end, err] = std::from_chars(port_text.data(), port_text.data() + port_text.size(), port);
-    if (port_text.empty() || err != std::errc() || end != port_text.data() + port_text.size() || port == 0
-        || port > 65535)
+    const std::optional<uint16_t> port = port_number(port_text);
+    if (!port)
         throw Error(fmt::format("'{:.200}': the port must be a number from 1 to 65535", text));
-    return {std::string(host), static_cast<uint16_t>(port)};
+    return {std::string(host), *port};
 }
 
 std::string host_port_text(std::string_view host, uint16_t port)

@@ -1,12 +1,12 @@
 #include "service/fleet/peers.hpp"
 
-#include <charconv>
 #include <fstream>
 #include <sstream>
 
 #include <fmt/format.h>
 
 #include "common/error.hpp"
+#include "common/whole_number.hpp"
 #include "service/sandbox_ids.hpp"
 
 namespace agentvm {
@@ -68,10 +68,7 @@ Peer parse_peer(std::string_view text)
     if (const std::string problem = host_problem(host); !problem.empty())
         throw Error(fmt::format("peer '{:.200}': {}", text, problem));
     const std::string_view port_text = authority.substr(colon + 1);
-    unsigned port = 0;
-    const auto [end, err] = std::from_chars(port_text.data(), port_text.data() + port_text.size(), port);
-    if (port_text.empty() || err != std::errc() || end != port_text.data() + port_text.size() || port == 0
-        || port > 65535)
+    if (!port_number(port_text))
         throw Error(fmt::format("peer '{:.200}': the port must be a number from 1 to 65535", text));
     peer.url = fmt::format("{}{}", scheme, authority);
     return peer;

@@ -7,13 +7,13 @@
 #include <sys/un.h>
 #include <unistd.h>
 
-#include <charconv>
 #include <cstdlib>
 #include <cstring>
 
 #include <fmt/format.h>
 
 #include "common/error.hpp"
+#include "common/whole_number.hpp"
 
 namespace agentvm {
 namespace {
@@ -33,11 +33,10 @@ std::string take_listen_variable(const char* name)
 
 unsigned parse_listen_number(const std::string& text, const char* name)
 {
-    unsigned value = 0;
-    const auto [end, err] = std::from_chars(text.data(), text.data() + text.size(), value);
-    if (text.empty() || err != std::errc() || end != text.data() + text.size())
+    const std::optional<unsigned> value = whole_number<unsigned>(text);
+    if (!value)
         throw Error(fmt::format("{}='{}': expected a whole number", name, text));
-    return value;
+    return *value;
 }
 
 std::vector<std::string> split_fd_names(const std::string& text)

@@ -4,7 +4,6 @@
 #include <linux/capability.h>
 #include <pwd.h>
 
-#include <charconv>
 #include <limits>
 #include <vector>
 
@@ -12,20 +11,12 @@
 
 #include "common/capabilities.hpp"
 #include "common/error.hpp"
+#include "common/whole_number.hpp"
 
 namespace agentvm {
 namespace {
 
 constexpr uint64_t highest_id = std::numeric_limits<int32_t>::max();
-
-std::optional<uint32_t> number(std::string_view text)
-{
-    uint32_t value = 0;
-    const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
-    if (ec != std::errc() || end != text.data() + text.size() || text.empty())
-        return std::nullopt;
-    return value;
-}
 
 } // namespace
 
@@ -33,9 +24,10 @@ std::optional<JailIdRange> parse_jail_id_range(const std::string& text)
 {
     if (text == "none")
         return std::nullopt;
-    const size_t colon = text.find(':');
-    const auto first = colon == std::string::npos ? std::nullopt : number(std::string_view(text).substr(0, colon));
-    const auto count = colon == std::string::npos ? std::nullopt : number(std::string_view(text).substr(colon + 1));
+    const std::string_view whole = text;
+    const size_t colon = whole.find(':');
+    const auto first = colon == whole.npos ? std::nullopt : whole_number<uint32_t>(whole.substr(0, colon));
+    const auto count = colon == whole.npos ? std::nullopt : whole_number<uint32_t>(whole.substr(colon + 1));
     if (!first || !count)
         throw Error(fmt::format("--jail-uid-range '{}': give FIRST:COUNT (e.g. {}:{}) or none", text,
                                 default_jail_id_range.first, default_jail_id_range.count));
