@@ -20,6 +20,7 @@
 #include "service/systemd/delegated_cgroup.hpp"
 #include "service/systemd/listen_fds.hpp"
 #include "service/vm_users/jail_ids.hpp"
+#include "service/vm_users/subordinate_ids.hpp"
 
 namespace {
 
@@ -224,6 +225,8 @@ int main(int argc, char** argv)
         if (config.sandboxes.jail_ids) {
             check_jail_id_privileges();
             check_no_accounts_in(*config.sandboxes.jail_ids);
+            check_no_subordinate_ids_in(*config.sandboxes.jail_ids, "/etc/subuid");
+            check_no_subordinate_ids_in(*config.sandboxes.jail_ids, "/etc/subgid");
         }
         if (delegated_cgroup)
             enter_delegated_cgroup();

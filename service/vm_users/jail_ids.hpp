@@ -5,7 +5,7 @@
 // systemd and Debian hand out (system and regular users, DynamicUser, systemd-nspawn's
 // containers up to 1879048191, /etc/subuid's default 100000-600100000) and below 2^31, where
 // some tools still take ids as signed; serve refuses a range holding a user or group of the
-// host's. An id freed by an ended VM goes back in line behind every id never used, so one is
+// host's, or ids delegated to a user's containers (subordinate_ids.hpp). An id freed by an ended VM goes back in line behind every id never used, so one is
 // not handed to a new VM while the last one's files could still be about.
 #pragma once
 

@@ -288,8 +288,8 @@ def tcp_needs_token():
 
 
 def jail_uid_range_checked():
-    """--jail-uid-range: bad ranges, one holding a host account, and a serve lacking the
-    capabilities are refused by name; none starts serve with VMMs of its own uid."""
+    """--jail-uid-range: bad ranges, one holding a host account, one /etc/subuid delegates, and a
+    serve lacking the capabilities are refused by name; none starts serve with VMMs of its own uid."""
     cases = [
         (["--jail-uid-range", "x"], b"FIRST:COUNT"),
         (["--jail-uid-range", "0:5"], b"root"),
@@ -300,6 +300,16 @@ def jail_uid_range_checked():
         r = subprocess.run([SERVE, "--listen", f"unix:{TMP}/jail.sock", *args], stdin=subprocess.DEVNULL,
                            capture_output=True, timeout=10)
         expect(r.returncode != 0 and said in r.stderr, f"{args}: exit {r.returncode}, stderr {r.stderr!r}")
+    # A host whose /etc/subuid delegates the default range to a user's containers, in a mount
+    # namespace of its own so that the host's file stays as it is.
+    subuid = os.path.join(TMP, "subuid")
+    with open(subuid, "w") as f:
+        f.write("builder:1879050000:65536\n")
+    r = subprocess.run(["unshare", "--mount", "sh", "-c", 'mount --bind "$0" /etc/subuid && exec "$@"', subuid,
+                        SERVE, "--listen", f"unix:{TMP}/jail.sock"], stdin=subprocess.DEVNULL,
+                       capture_output=True, timeout=10)
+    expect(r.returncode != 0 and b"/etc/subuid line 1" in r.stderr and b"builder" in r.stderr,
+           f"a range delegated in /etc/subuid: exit {r.returncode}, stderr {r.stderr!r}")
     # As nobody, without capabilities: the default range needs them.
     r = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", SERVE, "--listen",
                         f"unix:{TMP}/jail.sock", "--state-dir", f"{TMP}/nobody-state"], stdin=subprocess.DEVNULL,
@@ -314,7 +324,8 @@ def jail_uid_range_checked():
         expect(status == 200, f"--jail-uid-range none: /healthz {status}")
     finally:
         serve.stop()
-    return (f"{len(cases)} bad ranges and a serve without the capabilities refused by name; "
+    return (f"{len(cases)} bad ranges, one /etc/subuid delegates, and a serve without the capabilities refused by "
+            "name; "
             "--jail-uid-range none served")
 
 

@@ -14,6 +14,7 @@
 #include "common/error.hpp"
 #include "common/share_with_vm.hpp"
 #include "service/vm_users/jail_ids.hpp"
+#include "service/vm_users/subordinate_ids.hpp"
 #include "service/vm_users/vm_dir_sharing.hpp"
 
 using namespace agentvm;
@@ -80,6 +81,44 @@ TEST_CASE("a range holding a user or group of the host is refused, naming it; th
     } catch (const Error& e) {
         CHECK(std::string(e.what()).find("(uid 1)") != std::string::npos);
     }
+}
+
+TEST_CASE("a range overlapping /etc/subuid's or /etc/subgid's delegations is refused, naming the line and owner")
+{
+    TempDir dir;
+    const fs::path subuid = dir.path / "subuid";
+    std::ofstream(subuid) << "# a comment\n"
+                             "alice:100000:65536\n"
+                             "not a delegation\n"
+                             "empty:300000:0\n"
+                             "bob:165536:65536";
+    const auto error_for = [&](JailIdRange range) -> std::string {
+        try {
+            check_no_subordinate_ids_in(range, subuid.string());
+        } catch (const Error& e) {
+            return e.what();
+        }
+        return "";
+    };
+    CHECK(error_for({1000, 99000}) == "");
+    CHECK(error_for({231072, 10}) == "");
+    CHECK(error_for({300000, 10}) == "");  // a delegation of no ids holds none
+    const std::string inside_alice = error_for({100000, 1});
+    CHECK(inside_alice.find("line 2") != std::string::npos);
+    CHECK(inside_alice.find("alice") != std::string::npos);
+    CHECK(inside_alice.find("100000 to 165535") != std::string::npos);
+    CHECK(error_for({99999, 2}).find("alice") != std::string::npos);
+    const std::string bob_last = error_for({231071, 5});
+    CHECK(bob_last.find("line 5") != std::string::npos);
+    CHECK(bob_last.find("bob") != std::string::npos);
+    CHECK(error_for({1, 4000000000u}).find("alice") != std::string::npos);
+
+    CHECK_NOTHROW(check_no_subordinate_ids_in({100000, 1}, (dir.path / "missing").string()));
+    CHECK_THROWS_WITH_AS(check_no_subordinate_ids_in({100000, 1}, dir.path.string()),
+                         doctest::Contains("cannot read"), Error);
+    std::ofstream(dir.path / "huge").seekp((16 << 20) + 1) << 'x';
+    CHECK_THROWS_WITH_AS(check_no_subordinate_ids_in({100000, 1}, (dir.path / "huge").string()),
+                         doctest::Contains("larger than 16 MiB"), Error);
 }
 
 TEST_CASE("ids: every id never used before one given back, then those given back in order, then none")
