@@ -15,6 +15,7 @@ class EpisodeError(Exception):
 class Episode:
     def __init__(self, agentvm, *args, console=None):
         cmd = [agentvm, "--log-level", "warn", "episode", *args]
+        self.console = console
         if console:
             cmd += ["--console", console]
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -24,7 +25,8 @@ class Episode:
         self.by_id = {}  # id -> list of messages not yet taken
         self.next_id = 0
         threading.Thread(target=self._read_stdout, daemon=True).start()
-        threading.Thread(target=self._read_stderr, daemon=True).start()
+        self.stderr_reader = threading.Thread(target=self._read_stderr, daemon=True)
+        self.stderr_reader.start()
 
     def _read_stdout(self):
         for raw in self.proc.stdout:
@@ -43,7 +45,7 @@ class Episode:
             code = self.proc.wait(10)
             time.sleep(0.5)  # its stderr reader takes the rest
             raise BrokenPipeError(f"the episode exited {code} before this request: "
-                                  f"{self.stderr.decode(errors='replace')[-2000:]}") from None
+                                  f"{self.stderr.decode(errors='replace')[-2000:]}{self.console_tail()}") from None
 
     def send(self, request):
         """Sends a request (an id is added when missing) and returns its id."""
@@ -53,18 +55,33 @@ class Episode:
         self.send_raw(json.dumps(request).encode() + b"\n")
         return request["id"]
 
+    def console_tail(self, lines=40):
+        """The guest console's last lines when the episode was given --console: what a guest
+        that stopped answering printed last, for a failure's message."""
+        if not self.console:
+            return ""
+        try:
+            with open(self.console, "rb") as f:
+                text = f.read()[-16384:].decode(errors="replace")
+        except OSError as e:
+            return f"\nthe guest console could not be read: {e}"
+        kept = text.splitlines()[-lines:]
+        return "\nthe guest console's last lines:\n" + "\n".join(kept) if kept else "\nthe guest console is empty"
+
     def _next_message(self, deadline):
         remaining = deadline - time.monotonic()
         if remaining <= 0:
-            raise EpisodeError("no answer in time")
+            raise EpisodeError("no answer in time" + self.console_tail())
         try:
             raw = self.lines.get(timeout=remaining)
         except queue.Empty:
-            raise EpisodeError("no answer in time") from None
+            raise EpisodeError("no answer in time" + self.console_tail()) from None
         if raw is None:
             self.lines.put(None)  # keep reporting the end to later readers
-            raise EpisodeError(f"episode output ended (exit {self.proc.wait()}): "
-                               f"{self.stderr.decode(errors='replace')[-2000:]}")
+            code = self.proc.wait()
+            self.stderr_reader.join(5)  # its last words, which say why
+            raise EpisodeError(f"episode output ended (exit {code}): "
+                               f"{self.stderr.decode(errors='replace')[-2000:]}{self.console_tail()}")
         try:
             return json.loads(raw)
         except ValueError:

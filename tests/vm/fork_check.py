@@ -7,6 +7,7 @@ usage: fork_check.py AGENTVM_BINARY
 Works in a temporary directory (removed at the end). Prints "ok <case>: <what was seen>" or
 "FAIL <case>: <why>" per case; exits non-zero if any failed.
 """
+import itertools
 import os
 import shutil
 import subprocess
@@ -24,6 +25,15 @@ os.mkdir(SNAPS)
 CHILDREN = 4
 # A background job of the persistent shell: appends a rising count every 100 ms.
 COUNTER = "sh -c 'i=0; while :; do i=$((i+1)); echo $i >> /work/counter; sleep 0.1; done' >/dev/null 2>&1 &"
+
+
+CONSOLES = itertools.count()
+
+
+def episode(*args):
+    """An episode whose guest console goes to a file of its own, so that a guest that stops
+    answering says in the failure what it printed last."""
+    return Episode(AGENTVM, *args, console=os.path.join(WORK, f"console-{next(CONSOLES)}.log"))
 
 
 def ok(answer, what):
@@ -108,7 +118,7 @@ def counting(ep):
 
 
 def start_parent(*args):
-    ep = Episode(AGENTVM, "--snapshot-dir", SNAPS, *args)
+    ep = episode("--snapshot-dir", SNAPS, *args)
     shell(ep, "mkdir -p /work && echo parent-file > /work/file && cd /work && export FORKVAR=parent-var")
     shell(ep, COUNTER)
     python(ep, "x = 41\nimport hashlib")
@@ -145,7 +155,7 @@ def fork_children():
         child_state(parent)
         uuids, randoms = set(), set()
         for i in range(CHILDREN):
-            child = Episode(AGENTVM, "--snapshot", taken["path"])
+            child = episode("--snapshot", taken["path"])
             children.append(child)
             stale = python(child, CHURN_CHECK)["result"]
             expect(stale == "[]", f"child {i}: pages of the buffer written during the snapshot are stale: {stale}")
@@ -177,7 +187,7 @@ def fork_of_fork():
         first = snapshot(parent, "f1")
     finally:
         parent.kill()
-    child = Episode(AGENTVM, "--snapshot", first["path"], "--snapshot-dir", SNAPS)
+    child = episode("--snapshot", first["path"], "--snapshot-dir", SNAPS)
     try:
         child_state(child)
         shell(child, "echo second > /work/second && export SECOND=2")
@@ -185,7 +195,7 @@ def fork_of_fork():
         second = snapshot(child, "f2")
     finally:
         child.kill()
-    grandchild = Episode(AGENTVM, "--snapshot", second["path"])
+    grandchild = episode("--snapshot", second["path"])
     try:
         child_state(grandchild)
         seen = shell(grandchild, "cat /work/second; echo $SECOND").split()
@@ -208,7 +218,7 @@ def pause_resume_cycles():
             sizes.append(taken["memory_bytes"] >> 10)
             ep.close_stdin()
             expect(ep.wait(60) == 0, f"the episode paused in cycle {cycle} did not end cleanly")
-            ep = Episode(AGENTVM, "--snapshot", taken["path"], "--snapshot-dir", SNAPS)
+            ep = episode("--snapshot", taken["path"], "--snapshot-dir", SNAPS)
             child_state(ep)
             seen = shell(ep, "cat /work/cycles | tr '\\n' ' '; " +
                          "; ".join(f"echo $CYCLE{i}" for i in range(1, cycle + 1))).split()
@@ -233,7 +243,7 @@ def broken_chains():
         first = snapshot(parent, "b1")
     finally:
         parent.kill()
-    child = Episode(AGENTVM, "--snapshot", first["path"], "--snapshot-dir", SNAPS)
+    child = episode("--snapshot", first["path"], "--snapshot-dir", SNAPS)
     try:
         second = snapshot(child, "b2")
     finally:
@@ -263,7 +273,7 @@ def snapshot_faults():
         first, second = ep.send({"op": "snapshot", "name": "twin-1"}), ep.send({"op": "snapshot", "name": "twin-2"})
         answers = [ep.result(first)[1], ep.result(second)[1]]
         expect(all("snapshot" in a for a in answers), f"two snapshots at once: {answers}")
-        twin = Episode(AGENTVM, "--snapshot", answers[1]["snapshot"]["path"])
+        twin = episode("--snapshot", answers[1]["snapshot"]["path"])
         try:
             child_state(twin)
         finally:
@@ -274,7 +284,7 @@ def snapshot_faults():
         subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", full], check=True)
         try:
             # The jailed VMM sees the directory as it was when it started; a fresh episode sees the mount.
-            small = Episode(AGENTVM, "--snapshot-dir", full)
+            small = episode("--snapshot-dir", full)
             try:
                 shell(small, "head -c 8M /dev/urandom > /tmp/noise")
                 answer = small.call({"op": "snapshot", "name": "s"})
@@ -288,7 +298,7 @@ def snapshot_faults():
             subprocess.run(["umount", full], check=False)
     finally:
         ep.kill()
-    plain = Episode(AGENTVM)
+    plain = episode()
     try:
         answer = plain.call({"op": "snapshot", "name": "s"})
         expect(answer.get("error", {}).get("code") == "unavailable", f"without --snapshot-dir: {answer}")
