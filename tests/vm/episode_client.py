@@ -43,7 +43,7 @@ class Episode:
         except BrokenPipeError:
             # The episode has ended: say why, in its own words, rather than only that it did.
             code = self.proc.wait(10)
-            time.sleep(0.5)  # its stderr reader takes the rest
+            self.stderr_reader.join(5)  # its last words, which say why
             raise BrokenPipeError(f"the episode exited {code} before this request: "
                                   f"{self.stderr.decode(errors='replace')[-2000:]}{self.console_tail()}") from None
 
