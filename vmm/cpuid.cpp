@@ -1,5 +1,7 @@
 #include "vmm/cpuid.hpp"
 
+#include <asm/kvm_para.h>
+
 #include <bit>
 
 namespace agentvm {
@@ -11,10 +13,13 @@ constexpr uint32_t leaf_pmu = 0xa;
 constexpr uint32_t leaf_topology = 0xb;
 constexpr uint32_t leaf_topology_v2 = 0x1f;
 constexpr uint32_t leaf_amd_size = 0x80000008;
+constexpr uint32_t leaf_kvm_features = KVM_CPUID_FEATURES;
 
 constexpr uint32_t ecx_tsc_deadline = 1u << 24;
 constexpr uint32_t ecx_hypervisor = 1u << 31;
 constexpr uint32_t edx_htt = 1u << 28;
+constexpr uint32_t kvm_async_page_faults =
+    (1u << KVM_FEATURE_ASYNC_PF) | (1u << KVM_FEATURE_ASYNC_PF_VMEXIT) | (1u << KVM_FEATURE_ASYNC_PF_INT);
 
 // Topology level types in leaf 0xB ECX[15:8].
 constexpr uint32_t level_smt = 1;
@@ -82,6 +87,16 @@ std::vector<kvm_cpuid_entry2> adjust_cpuid(std::vector<kvm_cpuid_entry2> entries
         case leaf_topology:
         case leaf_topology_v2:
             adjust_topology(e, o);
+            break;
+        case leaf_kvm_features:
+            // No asynchronous page faults: the vCPU waits for a page the host must read in
+            // instead of KVM injecting a "page not present" #PF for the guest to schedule around.
+            // A snapshot-restored guest takes its first touches of memory from the snapshot file;
+            // an injected #PF there is one more event to order against the guest's own interrupt
+            // entry, a kernel double fault (#PF at a non-faulting instruction before SWAPGS) was
+            // seen under the test host's nested emulation, and an agent VM has no second task
+            // worth running meanwhile.
+            e.eax &= ~kvm_async_page_faults;
             break;
         case leaf_amd_size:
             // ECX[7:0]: number of cores - 1 (AMD); [15:12] APIC ID size in bits.

@@ -41,7 +41,7 @@ std::vector<kvm_cpuid_entry2> sample()
         leaf(0xb, 1, 9, 9, 9, 9),
         leaf(0xb, 2, 9, 9, 9, 9),
         leaf(0x80000008, 0, 0x3030, 0, 0xffff, 0),
-        leaf(0x40000001, 0, 0x1234, 0, 0, 0),
+        leaf(0x40000001, 0, 0x7eff, 0, 0, 0),  // every KVM feature 0-14 but 8
     };
 }
 
@@ -96,5 +96,11 @@ TEST_CASE("cache leaves report the vCPU count and the PMU is hidden")
     CHECK(pmu.eax == 0);
     CHECK(pmu.ebx == 0);
     CHECK((find(out, 0x80000008).ecx & 0xff) == 1);
-    CHECK(find(out, 0x40000001).eax == 0x1234);  // KVM feature leaf passes through
+}
+
+TEST_CASE("the KVM feature leaf keeps every feature but asynchronous page faults")
+{
+    auto out = adjust_cpuid(sample(), {0, 1, false});
+    // Bits 4, 10 and 14: ASYNC_PF, ASYNC_PF_VMEXIT, ASYNC_PF_INT.
+    CHECK(find(out, 0x40000001).eax == (0x7effu & ~((1u << 4) | (1u << 10) | (1u << 14))));
 }
