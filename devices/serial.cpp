@@ -272,6 +272,7 @@ void SerialDevice::bus_read(uint64_t offset, std::span<uint8_t> data)
 void SerialDevice::bus_write(uint64_t offset, std::span<const uint8_t> data)
 {
     OutputReady wake;  // a copy: the writer may detach while this vCPU calls it
+    PanicSeen panicked;
     {
         std::lock_guard lock(mutex_);
         for (size_t i = 0; i < data.size(); ++i) {
@@ -290,9 +291,19 @@ void SerialDevice::bus_write(uint64_t offset, std::span<const uint8_t> data)
         update_irq();
         if (std::exchange(wake_due_, false))
             wake = output_ready_;
+        if (std::exchange(panic_due_, false))
+            panicked = panic_seen_;
     }
     if (wake)
         wake();
+    if (panicked)
+        panicked();
+}
+
+void SerialDevice::set_panic_seen(PanicSeen seen)
+{
+    std::lock_guard lock(mutex_);
+    panic_seen_ = std::move(seen);
 }
 
 void SerialDevice::push_input(std::span<const uint8_t> bytes)
@@ -387,6 +398,7 @@ void SerialDevice::end_line()
     if (!panic_line_) {
         if (line.find(panic_text) != std::string_view::npos) {
             panic_line_ = std::string(line);
+            panic_due_ = true;
             for (const std::string& before : recent_lines_) {
                 panic_context_ += before;
                 panic_context_ += '\n';

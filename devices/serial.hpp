@@ -128,6 +128,9 @@ public:
     // Called without the device lock, from the transmitting vCPU: output is waiting to be
     // taken. It must not block.
     using OutputReady = std::function<void()>;
+    // Called once, without the device lock, from the vCPU that completed the guest's panic
+    // line: the kernel is done for, whether or not it goes on to reboot.
+    using PanicSeen = std::function<void()>;
 
     // Host bytes the FIFO cannot take yet wait here; beyond this they are dropped.
     static constexpr size_t host_queue_capacity = 16 * 1024;
@@ -149,6 +152,8 @@ public:
     // at the end of a line, when the guest pauses its output, when a line's worth piles up,
     // and when output begins to be dropped. nullptr stops keeping output again.
     void set_output_ready(OutputReady ready);
+    // Set before the vCPUs run.
+    void set_panic_seen(PanicSeen seen);
     // Removes and returns up to max bytes of console output, oldest first.
     std::string take_output(size_t max);
     // Console output bytes dropped because the buffer was full.
@@ -190,6 +195,8 @@ private:
     ConsoleBuffer out_{output_capacity};
     bool output_signalled_ = false;  // output_ready_ was called and nothing was taken since
     bool wake_due_ = false;          // call output_ready_ once the lock is released
+    PanicSeen panic_seen_;
+    bool panic_due_ = false;  // call panic_seen_ once the lock is released
     std::string line_; // the current line, cut at max_line
     std::optional<std::chrono::steady_clock::time_point> ready_at_;
     std::optional<std::string> panic_line_;

@@ -166,6 +166,12 @@ void Vm::add_serial(int console_fd)
         if (::ioctl(vm_fd, KVM_IRQ_LINE, &irq) < 0)
             SPDLOG_WARN("KVM_IRQ_LINE for the serial port failed: {}", strerror(errno));
     });
+    // A kernel that panicked is ended at once: panic=-1 reboots it (a triple fault, seen as
+    // power-off), but a panic whose own path faults again, or a command line that asked for
+    // panic=0, would otherwise leave the VM spinning until whoever waits on it gives up.
+    serial_->set_panic_seen([this] {
+        stop(VmOutcome::panicked, panic_detail(serial_->panic_line().value_or(""), serial_->panic_context()));
+    });
     pio_.insert(layout::com1_port, layout::com1_ports, *serial_);
     if (console_fd >= 0)
         console_ = std::make_unique<ConsoleWriter>(loop_, *serial_, console_fd);

@@ -369,6 +369,25 @@ TEST_CASE("serial device: the lines before a panic are kept, bounded in number a
     CHECK(context.find("after") == std::string::npos);
 }
 
+TEST_CASE("serial device: the panic line is reported once, when it is complete, with the lock free")
+{
+    SerialDevice dev([](bool) {});
+    int seen = 0;
+    std::string line_then;
+    // The handler reads the device back, as the VM's does: it must run without the lock.
+    dev.set_panic_seen([&] {
+        ++seen;
+        line_then = dev.panic_line().value_or("");
+    });
+    guest_print(dev, "Kernel panic - not syncing");
+    CHECK(seen == 0);  // not a line yet
+    guest_print(dev, ": Attempted to kill init!\n");
+    CHECK(seen == 1);
+    CHECK(line_then == "Kernel panic - not syncing: Attempted to kill init!");
+    guest_print(dev, "Kernel panic - not syncing: again\nKernel Offset: disabled\n");
+    CHECK(seen == 1);
+}
+
 TEST_CASE("serial device: without a writer, output is matched but not kept")
 {
     SerialDevice dev([](bool) {});

@@ -70,3 +70,13 @@ TEST_CASE("a guest kernel panic is reported with the panic line and a non-zero e
     CHECK(boot.process.exit_code == 3);
     CHECK(boot.process.err.find("Kernel panic - not syncing") != std::string::npos);
 }
+
+TEST_CASE("a guest kernel that panics and does not reboot is ended at once, not waited on")
+{
+    // panic=0 (the last panic= wins): the kernel stays in its panic loop instead of rebooting,
+    // as it does when its own panic path faults. 120 s is far longer than the boot takes.
+    const auto boot = boot_guest("panic-stays", {"--cmdline", "init=/does/not/exist panic=0"}, std::chrono::seconds(120));
+    INFO("stderr: " << boot.process.err << "\nconsole: " << boot.console);
+    CHECK(boot.process.exit_code == 3);
+    CHECK(boot.process.err.find("Kernel panic - not syncing") != std::string::npos);
+}
