@@ -37,7 +37,7 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "vm"))
 
 from agent_client import field  # noqa: E402
-from checks import Failed, expect, run_case  # noqa: E402
+from checks import Failed, expect, run_case, settled  # noqa: E402
 from episode_client import Episode, EpisodeError  # noqa: E402
 
 MIB = 1 << 20
@@ -341,13 +341,12 @@ def fork_bomb(run, ep):
     # a while; one the kill missed would stay for good.
     count = ("echo $(ps -e -o stat=,comm= | awk '$1 !~ /^Z/ && $2 == \"python3\"' | wc -l)"
              " $(ps -e --no-headers | wc -l)")
-    deadline = time.monotonic() + 30
-    while True:
+
+    def forkers_and_processes():
         r = response(ep, {"op": "exec", "argv": ["sh", "-c", count], "timeout": 60})
-        bombs, processes = map(int, field(r, "stdout").split())
-        if bombs == 0 or time.monotonic() > deadline:
-            break
-        time.sleep(0.5)
+        return tuple(map(int, field(r, "stdout").split()))
+
+    bombs, processes = settled(forkers_and_processes, lambda seen: seen[0] == 0, 30)
     gone = time.monotonic() - start - took
     expect(bombs == 0 and processes <= MAX_FRESH_PROCESSES,
            f"after the bomb: {bombs} forkers {gone:.1f} s after the answer, {processes} processes")

@@ -18,7 +18,7 @@ import subprocess
 import threading
 import time
 
-from checks import expect
+from checks import expect, settled
 from serve_client import UnixConnection, call, json_error
 
 # The guest's servers: an HTTP one (GET /big streams a file with its length, POST /sum answers
@@ -167,16 +167,6 @@ def host_counts(pid):
     return len(os.listdir(f"/proc/{pid}/fd")), len(os.listdir(f"/proc/{pid}/task"))
 
 
-def settled(count, fine, seconds=30):
-    """count() once fine(count()) holds, or its last value after `seconds`."""
-    deadline = time.monotonic() + seconds
-    while True:
-        now = count()
-        if fine(now) or time.monotonic() > deadline:
-            return now
-        time.sleep(0.5)
-
-
 def wait_listening(exec_, sandbox_id, port):
     for _ in range(200):
         r = exec_(sandbox_id, ["sh", "-c", f"grep -q ':{port:04X} ' /proc/net/tcp /proc/net/tcp6"])
@@ -295,13 +285,16 @@ def run(sock_path, serve_pid, agentvm, create, delete, exec_):
             expect(status == 200, f"connection {i}: {status}")
     # The last connections' ends may still be on their way through vsock (slow under
     # emulation): what is held must come back down within 30 s; a leak never does.
-    serve_after = settled(
-        lambda: host_counts(serve_pid), lambda c: c[0] <= serve_before[0] + 2 and c[1] == serve_before[1])
-    expect(serve_after[0] <= serve_before[0] + 2 and serve_after[1] == serve_before[1],
-           f"serve's fds/threads {serve_before} -> {serve_after} 30 s after 1,000 connections")
-    agent_after = settled(lambda: guest_counts(exec_, sid),
-                          lambda c: c[0] <= agent_before[0] + 2 and c[1] <= agent_before[1] + 1)
-    expect(agent_after[0] <= agent_before[0] + 2 and agent_after[1] <= agent_before[1] + 1,
+    def serve_back(c):
+        return c[0] <= serve_before[0] + 2 and c[1] == serve_before[1]
+
+    def agent_back(c):
+        return c[0] <= agent_before[0] + 2 and c[1] <= agent_before[1] + 1
+
+    serve_after = settled(lambda: host_counts(serve_pid), serve_back, 30)
+    expect(serve_back(serve_after), f"serve's fds/threads {serve_before} -> {serve_after} 30 s after 1,000 connections")
+    agent_after = settled(lambda: guest_counts(exec_, sid), agent_back, 30)
+    expect(agent_back(agent_after),
            f"the agent's fds/threads {agent_before} -> {agent_after} 30 s after 1,000 connections")
 
     # The guest's server dies mid-answer: the answer is cut, not hung.

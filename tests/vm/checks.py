@@ -29,6 +29,19 @@ def rises(read, within, what):
         expect(time.monotonic() < deadline, f"{what}: still {now} after {within} s (first {first})")
 
 
+def settled(read, fine, within):
+    """Reads with read() until fine(value) holds, for up to `within` seconds; returns the last
+    value read, for the caller to judge. For what is on its way out (processes exiting,
+    connections closing) under an emulated host that may take its time; what never goes
+    stays and still fails the caller's check."""
+    deadline = time.monotonic() + within
+    while True:
+        now = read()
+        if fine(now) or time.monotonic() > deadline:
+            return now
+        time.sleep(0.5)
+
+
 def run_case(name, fn, *args, expected=()):
     """Runs fn(*args); True when it returned (its result is what was seen). Exceptions of the
     `expected` types are plain failures; anything else also prints its traceback."""
